@@ -1,0 +1,75 @@
+"""Start-up validation of ml_collections configs.
+
+Every check raises `ConfigError` whose message names the field and what it accepts; entry points
+catch it, print that one line and exit with status 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigError(ValueError):
+  """A config field holds a value the run cannot accept."""
+
+
+_MISSING = object()
+
+
+def get(config: Any, field: str, default: Any = _MISSING) -> Any:
+  """Reads a dotted field (`"model.dtype"`), raising ConfigError if it is absent and required."""
+  node = config
+  for part in field.split("."):
+    if part in node if hasattr(node, "__contains__") else hasattr(node, part):
+      node = node[part]
+    elif default is not _MISSING:
+      return default
+    else:
+      raise ConfigError(f"config.{field} is missing")
+  return node
+
+
+def choice(config: Any, field: str, choices: Iterable[Any], default: Any = _MISSING) -> Any:
+  value = get(config, field, default)
+  choices = tuple(choices)
+  if value not in choices:
+    raise ConfigError(
+        f"config.{field}={value!r} is not accepted; expected one of {', '.join(map(repr, choices))}")
+  return value
+
+
+def integer(config: Any, field: str, *, lo: int | None = None, hi: int | None = None,
+            default: Any = _MISSING, allow_none: bool = False) -> int | None:
+  value = get(config, field, default)
+  if value is None and allow_none:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected an integer{_range(lo, hi)}")
+  if (lo is not None and value < lo) or (hi is not None and value > hi):
+    raise ConfigError(f"config.{field}={value!r} is out of range; expected an integer{_range(lo, hi)}")
+  return value
+
+
+def real(config: Any, field: str, *, lo: float | None = None, hi: float | None = None,
+         lo_open: bool = False, hi_open: bool = False, default: Any = _MISSING) -> float:
+  value = get(config, field, default)
+  bounds = _range(lo, hi, lo_open, hi_open)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected a finite number{bounds}")
+  below = lo is not None and (value <= lo if lo_open else value < lo)
+  above = hi is not None and (value >= hi if hi_open else value > hi)
+  if below or above:
+    raise ConfigError(f"config.{field}={value!r} is out of range; expected a number{bounds}")
+  return float(value)
+
+
+def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+  if lo is None and hi is None:
+    return ""
+  if hi is None:
+    return f" {'>' if lo_open else '>='} {lo}"
+  if lo is None:
+    return f" {'<' if hi_open else '<='} {hi}"
+  return f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"

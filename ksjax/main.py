@@ -1,0 +1,52 @@
+"""The ksjax entry point: `python -m ksjax.main --config=configs/<file>.py [--config.field=value ...]`.
+
+The config's `task` field chooses what runs. Every field can be overridden on the command line
+(ml_collections config flags). A config that fails validation prints one line naming the field and
+what it accepts, exits with status 2, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from absl import app
+from ml_collections import config_flags
+
+from ksjax.config_validation import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to an ml_collections config file (configs/*.py).", lock_config=True)
+
+# task name -> "module:function"; the function takes the config and runs the job.
+# Imported lazily so that a bandit run does not import the language-model stack.
+RUNNERS = {
+    "bandit": "ksjax.bandit:run",
+}
+
+
+def runner_for(task: str):
+  if task not in RUNNERS:
+    raise ConfigError(f"config.task={task!r} is not accepted; expected one of "
+                      f"{', '.join(map(repr, sorted(RUNNERS)))}")
+  module, fn = RUNNERS[task].split(":")
+  return getattr(importlib.import_module(module), fn)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  config = _CONFIG.value
+  if config is None:
+    print("ksjax: --config is required (e.g. --config=configs/bandit.py)", file=sys.stderr)
+    sys.exit(2)
+  try:
+    run = runner_for(config.get("task", None))
+    run(config)
+  except ConfigError as e:
+    print(f"ksjax: bad config: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

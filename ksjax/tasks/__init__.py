@@ -1,0 +1,1 @@
+"""Tasks: prompts in, rewards out. See `ksjax.tasks.base` for the interface."""

@@ -1,0 +1,95 @@
+"""The task interface shared by the trainer and the eval binary.
+
+A task yields prompts and scores groups of completions. Scoring is where adversarial model output
+meets the system (answer checkers, program sandboxes), so implementations must never hang, crash
+or leak: every score returns, within its time limit, a finite reward.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  """One problem.
+
+  Attributes:
+    id: stable identifier, unique within the task's split.
+    text: the prompt text given to the model (instructions included).
+    tokens: `text` tokenized by the task's tokenizer (BOS included where the tokenizer uses one).
+    metadata: e.g. {"level": 3, "subject": "Algebra"}; values are str/int/float.
+    reference: what the scorer checks against (gold answer for math, tests for code); opaque.
+    solution: a reference solution in the model's output format, for supervised warm-up (or None).
+  """
+  id: str
+  text: str
+  tokens: tuple[int, ...]
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  reference: Any = None
+  solution: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupScore:
+  """Scores of the n completions of one prompt.
+
+  Attributes:
+    rewards: float32 [n]; +1/-1 by default (configurable per task).
+    correct: bool [n].
+    answers: the extracted final answer of each completion (None where none could be extracted).
+    answer_ids: int32 [n]; equivalence classes within the group for majority voting: completions
+      whose answers are equal (mathematically, for math) share an id. Completions without an answer
+      all share one class, whose reward is the failure reward. Ids are 0..m-1 in order of first
+      appearance. Within a class every completion has the same reward.
+  """
+  rewards: np.ndarray
+  correct: np.ndarray
+  answers: tuple[str | None, ...]
+  answer_ids: np.ndarray
+
+
+class Task(abc.ABC):
+  """A source of prompts with a verifier."""
+
+  name: str
+
+  @abc.abstractmethod
+  def prompts(self, split: str) -> Sequence[Prompt]:
+    """All prompts of `split` ("train" or "test"; tasks may offer more), in a fixed order."""
+
+  @abc.abstractmethod
+  def score(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[str]]) -> list[GroupScore]:
+    """Scores `completions[g]` (n strings) against `prompts[g]`, for every group g.
+
+    Implementations may score in parallel; the result is in the order of `prompts`.
+    """
+
+  def levels(self) -> Sequence[Any]:
+    """The values of metadata["level"] this task uses, for per-level breakdowns ([] if none)."""
+    return []
+
+  def iterate(self, split: str, *, seed: int, shuffle: bool = True) -> Iterator[Prompt]:
+    """Endless stream of prompts (reshuffled each epoch). The trainer uses the grain pipeline
+    in `ksjax.tasks.data` instead when it needs checkpointable iterator state."""
+    items = list(self.prompts(split))
+    rng = np.random.default_rng(seed)
+    while True:
+      order = rng.permutation(len(items)) if shuffle else np.arange(len(items))
+      for i in order:
+        yield items[i]
+
+
+def answer_classes(keys: Sequence[Any]) -> np.ndarray:
+  """int32 ids 0..m-1 in order of first appearance for hashable, already-canonical keys."""
+  seen: dict[Any, int] = {}
+  return np.asarray([seen.setdefault(key, len(seen)) for key in keys], dtype=np.int32)
+
+
+class DataError(ValueError):
+  """A dataset file is missing or malformed; the message names the path and the expected format."""

@@ -1,0 +1,47 @@
+"""ksjax: training language models for k-sample inference-time objectives in JAX."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.8",
+    "flax>=0.12",
+    "optax>=0.2.5",
+    "orbax-checkpoint>=0.11",
+    "ml-collections>=1.0",
+    "absl-py>=2.0",
+    "numpy>=1.26",
+    "math-verify>=0.7",
+    "sympy>=1.12",
+    "tensorflow-datasets>=4.9.8",
+    "array-record>=0.7",
+    "grain>=0.2.10",
+    "safetensors>=0.4",
+    "tokenizers>=0.20",
+    "matplotlib>=3.8",
+    "tensorboardX>=2.6",
+    "tqdm>=4.66",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "pytest-xdist>=3.5",
+    "hypothesis>=6.100",
+    # torch and transformers are the numerical reference in tests and benchmarks only.
+    # torch is pinned: a CPU build of exactly this version is what pip finds without CUDA wheels.
+    "torch==2.13.0",
+    "transformers>=4.45",
+    "nbclient>=0.10",
+    "nbformat>=5.9",
+    "ipykernel>=6.29",
+]
+
+setup(
+    name="ksjax",
+    version="0.1.0",
+    description="JAX/Flax training of language models for k-sample inference-time objectives "
+    "(pass@k, majority voting).",
+    packages=find_packages(include=["ksjax", "ksjax.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)
