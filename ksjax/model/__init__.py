@@ -1,0 +1,16 @@
+"""ksjax's Llama 3 (Flax NNX): config and presets, model, KV cache.
+
+The contract with the sampler and trainer is the surface exported here; see each module for the why.
+"""
+
+from ksjax.model.config import PRESETS, LlamaConfig, from_hf_config, preset, to_hf_config
+from ksjax.model.hf_io import CheckpointError, load_hf, save_hf
+from ksjax.model.llama import Cache, Llama, default_positions, init_cache
+from ksjax.model.sharding import make_mesh, shard
+
+__all__ = [
+    "PRESETS", "LlamaConfig", "from_hf_config", "preset", "to_hf_config",
+    "Cache", "Llama", "default_positions", "init_cache",
+    "CheckpointError", "load_hf", "save_hf",
+    "make_mesh", "shard",
+]

@@ -1,0 +1,125 @@
+"""The building blocks of a Llama decoder layer: RMSNorm, grouped-query attention, SwiGLU MLP.
+
+Parameters are plain `nnx.Param`s named as in Hugging Face (`q_proj`, `gate_proj`, ...) so that the
+checkpoint mapping (hf_io.py) and the partition-spec table (sharding.py, the one place where specs
+live) can both refer to parameters by name. Projection kernels keep the head axis separate
+(`q_proj`: [D, N, H]) so tensor parallelism splits whole heads.
+
+Numerics follow transformers' eager Llama: norms and softmax in float32, everything else in the
+compute dtype `cfg.dtype`, parameters stored in `cfg.param_dtype`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ksjax.model import rope
+from ksjax.model.config import LlamaConfig
+
+_INIT = nnx.initializers.normal(stddev=0.02)  # transformers' initializer_range for Llama
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: LlamaConfig) -> nnx.Param:
+  return nnx.Param(_INIT(rngs.params(), shape, jnp.dtype(cfg.param_dtype)))
+
+
+class RMSNorm(nnx.Module):
+  """y = scale * x / sqrt(mean(x^2) + eps), the statistics in float32."""
+
+  def __init__(self, dim: int, eps: float, param_dtype: str):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.dtype(param_dtype)))
+    self.eps = eps
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    x32 = x_btd.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(x_btd.dtype) * normed.astype(x_btd.dtype)
+
+
+def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
+           mask_bts: jax.Array) -> jax.Array:
+  """Grouped-query softmax attention; query t sees key s iff mask[b, t, s]. Returns [B, T, N, H].
+
+  The N query heads are grouped onto the K key/value heads without repeating k and v. A query row
+  with no visible key (a left-padding position) gets a uniform average; its output is never used.
+  """
+  b, t, n, h = q_btnh.shape
+  k = k_bskh.shape[2]
+  q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+  scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
+                      preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+  return out.reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with half-split RoPE and an optional KV cache."""
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = _param(rngs, (d, n, h), cfg)  # [D, N, H]
+    self.k_proj = _param(rngs, (d, k, h), cfg)  # [D, K, H]
+    self.v_proj = _param(rngs, (d, k, h), cfg)  # [D, K, H]
+    self.o_proj = _param(rngs, (n, h, d), cfg)  # [N, H, D]
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
+    """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H]."""
+    w = lambda p: p[...].astype(self.dtype)
+    q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj))
+    k = jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj))
+    v = jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj))
+    return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
+
+  def out(self, attn_btnh: jax.Array) -> jax.Array:
+    return jnp.einsum("btnh,nhd->btd", attn_btnh, self.o_proj[...].astype(self.dtype))
+
+  def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
+    q, k, v = self.qkv(x_btd, cos_bth, sin_bth)
+    return self.out(attend(q, k, v, mask_btt))
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = _param(rngs, (d, f), cfg)  # [D, F]
+    self.up_proj = _param(rngs, (d, f), cfg)    # [D, F]
+    self.down_proj = _param(rngs, (f, d), cfg)  # [F, D]
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    w = lambda p: p[...].astype(self.dtype)
+    gate_btf = jax.nn.silu(x_btd @ w(self.gate_proj))
+    return (gate_btf * (x_btd @ w(self.up_proj))) @ w(self.down_proj)
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype)
+    self.self_attn = Attention(cfg, rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
+    x_btd = x_btd + self.self_attn(self.input_layernorm(x_btd), cos_bth, sin_bth, mask_btt)
+    return x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+
+  def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_cache_bskh, v_cache_bskh, cache_index):
+    """One step with a KV cache: writes this step's keys/values at slots [cache_index, +T)."""
+    q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
+    k_cache_bskh = jax.lax.dynamic_update_slice(
+        k_cache_bskh, k.astype(k_cache_bskh.dtype), (0, cache_index, 0, 0))
+    v_cache_bskh = jax.lax.dynamic_update_slice(
+        v_cache_bskh, v.astype(v_cache_bskh.dtype), (0, cache_index, 0, 0))
+    attn = attend(q, k_cache_bskh.astype(q.dtype), v_cache_bskh.astype(q.dtype), mask_bts)
+    x_btd = x_btd + self.self_attn.out(attn)
+    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+    return x_btd, k_cache_bskh, v_cache_bskh

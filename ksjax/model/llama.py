@@ -1,0 +1,126 @@
+"""The Llama 3 language model (Flax NNX) and its KV cache.
+
+Two forwards share the same layers:
+  * `__call__` / `hidden`: the whole sequence at once (training, scoring, log-probs). Left padding is
+    handled by the attention mask; RoPE positions default to cumsum(mask) - 1, so a left-padded
+    prompt gets the same positions as the unpadded one.
+  * `forward_cached`: the sampler's path. The batch shares one cache write index: a prefill writes
+    the (left-padded) prompts to slots [0, T) and every decode step writes one slot. Which slots hold
+    real tokens is the caller's `kv_mask`; causality is by slot index.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ksjax.model import rope
+from ksjax.model.config import LlamaConfig
+from ksjax.model.layers import DecoderLayer, RMSNorm, _param
+
+Cache = dict[str, jax.Array]  # {"k": [L, B, S, K, H], "v": [L, B, S, K, H]}
+
+
+def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
+  """RoPE positions of a left-padded batch: cumsum(mask) - 1, clipped at 0. int32 [B, T]."""
+  return jnp.maximum(jnp.cumsum(attention_mask_bt.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
+  """An empty KV cache with `max_len` slots per sequence."""
+  shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dtype = jnp.dtype(dtype or cfg.dtype)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+class Llama(nnx.Module):
+  """Llama 3 / 3.1 / 3.2 causal language model, optionally with a scalar value head."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)  # [V, D]
+    self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)  # [D, V]
+    if cfg.value_head:
+      self.value_head = _param(rngs, (cfg.hidden_size,), cfg)  # [D]
+      self.value_bias = nnx.Param(jnp.zeros((), jnp.dtype(cfg.param_dtype)))
+
+  def cos_sin(self, positions_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    inv_freq = rope.inverse_frequencies(self.cfg.head_dim, self.cfg.rope_theta,
+                                        self.cfg.rope_scaling)
+    return rope.cos_sin(positions_bt, inv_freq)
+
+  # -- pieces ----------------------------------------------------------------------------------
+
+  def embed(self, tokens_bt: jax.Array) -> jax.Array:
+    return jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.cfg.dtype)
+
+  def output_embedding(self) -> jax.Array:
+    """The lm-head matrix [D, V] (the transposed token embedding when tied)."""
+    if self.cfg.tie_embeddings:
+      return self.embed_tokens[...].T
+    return self.lm_head[...]
+
+  def logits(self, hidden_btd: jax.Array) -> jax.Array:
+    """float32 [B, T, V] from final hidden states."""
+    w_dv = self.output_embedding().astype(self.cfg.dtype)
+    return jnp.einsum("btd,dv->btv", hidden_btd, w_dv, preferred_element_type=jnp.float32)
+
+  def value(self, hidden_btd: jax.Array) -> jax.Array:
+    """float32 [B, T] scalar values (PPO critic); needs cfg.value_head."""
+    if not self.cfg.value_head:
+      raise ValueError("Llama.value needs LlamaConfig.value_head=True")
+    v = jnp.einsum("btd,d->bt", hidden_btd, self.value_head[...].astype(self.cfg.dtype),
+                   preferred_element_type=jnp.float32)
+    return v + self.value_bias[...].astype(jnp.float32)
+
+  # -- full-sequence forward -------------------------------------------------------------------
+
+  def hidden(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
+    """Final-normed hidden states [B, T, D] (compute dtype), before the lm head."""
+    b, t = tokens_bt.shape
+    mask_bt = (jnp.ones((b, t), bool) if attention_mask is None
+               else attention_mask.astype(bool))
+    positions_bt = default_positions(mask_bt) if positions is None else positions
+    causal_tt = jnp.tril(jnp.ones((t, t), bool))
+    mask_btt = mask_bt[:, None, :] & causal_tt[None]
+    cos, sin = self.cos_sin(positions_bt)
+    x_btd = self.embed(tokens_bt)
+    for layer in self.layers:
+      if self.cfg.remat:
+        x_btd = nnx.remat(DecoderLayer.__call__)(layer, x_btd, cos, sin, mask_btt)
+      else:
+        x_btd = layer(x_btd, cos, sin, mask_btt)
+    return self.norm(x_btd)
+
+  def __call__(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    """int32 tokens [B, T] -> float32 logits [B, T, V]."""
+    return self.logits(self.hidden(tokens_bt, attention_mask, positions))
+
+  # -- cached forward (sampling) ---------------------------------------------------------------
+
+  def forward_cached(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: Cache,
+                     cache_index: jax.Array, kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:
+    """Writes tokens to cache slots [cache_index, cache_index + T) and returns their logits.
+
+    Query t of row b attends slot j iff kv_mask[b, j] and j <= cache_index + t. Returns float32
+    logits [B, T, V] and the updated cache (donate the old one under jit).
+    """
+    t = tokens_bt.shape[1]
+    s = cache["k"].shape[2]
+    slot_s = jnp.arange(s)
+    query_slot_t = cache_index + jnp.arange(t)
+    mask_bts = kv_mask_bs.astype(bool)[:, None, :] & (slot_s[None, :] <= query_slot_t[:, None])[None]
+    cos, sin = self.cos_sin(positions_bt)
+    x_btd = self.embed(tokens_bt)
+    k_all, v_all = cache["k"], cache["v"]
+    for i, layer in enumerate(self.layers):
+      x_btd, k_i, v_i = layer.cached(x_btd, cos, sin, mask_bts, k_all[i], v_all[i], cache_index)
+      k_all = k_all.at[i].set(k_i)
+      v_all = v_all.at[i].set(v_i)
+    return self.logits(self.norm(x_btd)), {"k": k_all, "v": v_all}

@@ -1,0 +1,160 @@
+"""The device mesh and every parameter's partition spec, in one place.
+
+Mesh axes are ("data", "fsdp", "tensor"):
+  * data:   pure data parallelism (batch split, parameters replicated);
+  * fsdp:   batch split and parameters sharded along the model dimension (gathered per layer);
+  * tensor: Megatron tensor parallelism: q/k/v/gate/up column-split (heads, mlp), o/down row-split,
+            the embedding and lm head split over the vocabulary.
+
+Each parameter name carries logical axes (`PARAM_AXES`), and `LOGICAL_TO_MESH` maps those to mesh
+axes; nothing else in the code base names a mesh axis for a parameter. `LOGICAL_TO_FIELD` lets a
+mesh that cannot divide a dimension be reported by the config field that sets it.
+
+Axis types: the mesh is built with `AxisType.Auto` on purpose. Under `Explicit` axes (jax's default
+for `make_mesh` in 0.10) every einsum whose operands disagree, e.g. x[B@fsdp, D] @ W[D@fsdp, F@tensor]
+in FSDP, must be resolved by hand with `out_sharding=`/`reshard`, which would thread mesh knowledge
+through every layer. With Auto axes the model code stays mesh-agnostic: `jax.jit` receives explicit
+in/out shardings (parameters by spec, batch over data x fsdp) and the partitioner inserts the FSDP
+all-gathers and tensor-parallel reductions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from ksjax.config_validation import ConfigError
+from ksjax.model.config import LlamaConfig
+
+AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")  # the mesh axes a batch dimension is split over
+
+# Parameter name (last path element) -> logical axis of each dimension.
+PARAM_AXES: dict[str, tuple[str | None, ...]] = {
+    "embed_tokens": ("vocab", "embed"),       # [V, D]
+    "lm_head": ("embed", "vocab"),            # [D, V]
+    "q_proj": ("embed", "heads", None),       # [D, N, H]
+    "k_proj": ("embed", "kv_heads", None),    # [D, K, H]
+    "v_proj": ("embed", "kv_heads", None),    # [D, K, H]
+    "o_proj": ("heads", None, "embed"),       # [N, H, D]
+    "gate_proj": ("embed", "mlp"),            # [D, F]
+    "up_proj": ("embed", "mlp"),              # [D, F]
+    "down_proj": ("mlp", "embed"),            # [F, D]
+    "scale": ("embed",),                      # [D] RMSNorm
+    "value_head": ("embed",),                 # [D]
+    "value_bias": (),                         # []
+}
+
+LOGICAL_TO_MESH: dict[str, str] = {
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "embed": "fsdp",
+}
+
+LOGICAL_TO_FIELD: dict[str, str] = {
+    "vocab": "vocab_size",
+    "heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "mlp": "intermediate_size",
+    "embed": "hidden_size",
+}
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """A ("data", "fsdp", "tensor") mesh; one entry may be -1 meaning "all remaining devices"."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 3 or any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
+    raise ConfigError(f"mesh={shape!r} is not accepted; expected three positive sizes for "
+                      f"{AXES}, at most one of them -1")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if len(devices) % known:
+      raise ConfigError(f"mesh={shape!r}: {len(devices)} devices are not divisible by {known}")
+    shape = tuple(len(devices) // known if s == -1 else s for s in shape)
+  if math.prod(shape) != len(devices):
+    raise ConfigError(f"mesh={shape!r} needs {math.prod(shape)} devices; there are {len(devices)}")
+  return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def param_name(path: Sequence) -> str:
+  """The parameter name of a state path, e.g. ('layers', 0, 'self_attn', 'q_proj') -> 'q_proj'."""
+  return str(path[-1])
+
+
+def partition_spec(path: Sequence) -> P:
+  """The PartitionSpec of the parameter at `path`."""
+  name = param_name(path)
+  if name not in PARAM_AXES:
+    raise KeyError(f"parameter {'.'.join(map(str, path))} has no entry in sharding.PARAM_AXES")
+  return P(*(LOGICAL_TO_MESH.get(a) if a else None for a in PARAM_AXES[name]))
+
+
+def check_divisible(cfg: LlamaConfig, mesh: jax.sharding.Mesh) -> None:
+  """Raises ConfigError naming the config field a mesh axis does not divide."""
+  for logical, field in LOGICAL_TO_FIELD.items():
+    axis = LOGICAL_TO_MESH[logical]
+    size = mesh.shape[axis]
+    value = getattr(cfg, field)
+    if value % size:
+      raise ConfigError(f"mesh axis {axis!r} of size {size} does not divide "
+                        f"LlamaConfig.{field}={value}; choose a mesh whose {axis} size divides it")
+
+
+def state_shardings(state: nnx.State, mesh: jax.sharding.Mesh) -> nnx.State:
+  """NamedShardings for every leaf of a parameter state (abstract or concrete)."""
+  return nnx.map_state(lambda path, _: NamedSharding(mesh, partition_spec(path)), state)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
+  """Sharding of a [B, ...] batch array: batch over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, P(BATCH, *([None] * (ndim - 1))))
+
+
+def cache_sharding(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
+  """Sharding of a KV cache {"k", "v"}: [L, B@data*fsdp, S, K@tensor, H]."""
+  s = NamedSharding(mesh, P(None, BATCH, None, "tensor", None))
+  return {"k": s, "v": s}
+
+
+def shard(llama: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.Module:
+  """Places every parameter of `llama` by its partition spec (in place; also returned)."""
+  check_divisible(llama.cfg, mesh)
+  state = nnx.state(llama)
+  nnx.update(llama, jax.device_put(state, state_shardings(state, mesh)))
+  return llama
+
+
+def sharded_forward(llama: nnx.Module, mesh: jax.sharding.Mesh):
+  """A jitted full forward `fn(tokens_bt, attention_mask_bt) -> logits_btv` with explicit
+  shardings: parameters by spec, batch over data x fsdp, logits [B@batch, T, V@tensor]."""
+  graphdef, state = nnx.split(llama)
+  shardings = state_shardings(state, mesh)
+  data = batch_sharding(mesh)
+
+  def forward(state, tokens_bt, mask_bt):
+    return nnx.merge(graphdef, state)(tokens_bt, attention_mask=mask_bt)
+
+  jitted = jax.jit(forward, in_shardings=(shardings, data, data),
+                   out_shardings=NamedSharding(mesh, P(BATCH, None, "tensor")))
+  return lambda tokens_bt, mask_bt: jitted(state, tokens_bt, mask_bt)
+
+
+def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:
+  """Bytes of parameter shards held by each device."""
+  out: dict[jax.Device, int] = {}
+  for leaf in jax.tree.leaves(state):
+    for shard_ in leaf.addressable_shards:
+      out[shard_.device] = out.get(shard_.device, 0) + shard_.data.nbytes
+  return out
+
+
+__all__ = ["AXES", "BATCH", "PARAM_AXES", "LOGICAL_TO_MESH", "make_mesh", "partition_spec",
+           "check_divisible", "state_shardings", "batch_sharding", "cache_sharding", "shard",
+           "sharded_forward", "per_device_bytes"]
