@@ -74,6 +74,18 @@ class Task(abc.ABC):
     """The values of metadata["level"] this task uses, for per-level breakdowns ([] if none)."""
     return []
 
+  def reference_solutions(self, prompt: Prompt) -> Sequence[str]:
+    """Reference solutions of `prompt` in the model's output format, for supervised warm-up.
+
+    Tasks with several solutions per problem (different routes to the answer) return them all.
+    """
+    return () if prompt.solution is None else (prompt.solution,)
+
+  def prompt_from_record(self, record: Mapping[str, Any]) -> Prompt:
+    """Turns one normalized dataset record (as the `ksjax.tasks.data` pipeline stores it) into a
+    Prompt, so the trainer can map the grain pipeline's records to prompts."""
+    raise NotImplementedError(f"task {self.name!r} does not read dataset records")
+
   def iterate(self, split: str, *, seed: int, shuffle: bool = True) -> Iterator[Prompt]:
     """Endless stream of prompts (reshuffled each epoch). The trainer uses the grain pipeline
     in `ksjax.tasks.data` instead when it needs checkpointable iterator state."""
