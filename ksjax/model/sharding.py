@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 
 import jax
+from absl import logging
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
@@ -67,7 +68,11 @@ LOGICAL_TO_FIELD: dict[str, str] = {
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """A ("data", "fsdp", "tensor") mesh; one entry may be -1 meaning "all remaining devices"."""
+  """A ("data", "fsdp", "tensor") mesh; one entry may be -1 meaning "all remaining devices".
+
+  A mesh smaller than the device count uses the first devices (with a warning), so that e.g.
+  (1, 1, 1) runs unsharded on a machine with several devices.
+  """
   devices = list(jax.devices() if devices is None else devices)
   shape = tuple(int(s) for s in shape)
   if len(shape) != 3 or any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
@@ -78,8 +83,11 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     if len(devices) % known:
       raise ConfigError(f"mesh={shape!r}: {len(devices)} devices are not divisible by {known}")
     shape = tuple(len(devices) // known if s == -1 else s for s in shape)
-  if math.prod(shape) != len(devices):
+  if math.prod(shape) > len(devices):
     raise ConfigError(f"mesh={shape!r} needs {math.prod(shape)} devices; there are {len(devices)}")
+  if math.prod(shape) < len(devices):
+    logging.warning("mesh %s uses %d of the %d devices", shape, math.prod(shape), len(devices))
+    devices = devices[:math.prod(shape)]
   return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 

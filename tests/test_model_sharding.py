@@ -1,0 +1,95 @@
+"""Sharding of the Llama over ("data", "fsdp", "tensor") meshes of 8 fake CPU devices."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ksjax import model
+from ksjax.config_validation import ConfigError
+from ksjax.model import sharding
+
+CFG = model.preset("tiny", vocab_size=256, tie_embeddings=False, value_head=True)
+MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 1, 1)]
+
+
+def _batch(b=8, t=10, seed=0):
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(0, CFG.vocab_size, (b, t)).astype(np.int32)
+  mask = (np.arange(t)[None] >= rng.randint(0, t - 1, (b, 1))).astype(np.int32)
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+@pytest.fixture(scope="module")
+def reference_logits():
+  llama = model.Llama(CFG, rngs=nnx.Rngs(3))
+  tokens, mask = _batch()
+  return np.asarray(llama(tokens, attention_mask=mask))
+
+
+def test_make_mesh_fills_minus_one_and_uses_auto_axes():
+  mesh = model.make_mesh((1, -1, 2))
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+  assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+@pytest.mark.parametrize("shape", [(3, -1, 1), (4, 4, 1), (1, -1, -1), (0, 8, 1), (1, 2)])
+def test_make_mesh_rejects_shapes_that_do_not_fit_8_devices(shape):
+  with pytest.raises(ConfigError, match="mesh"):
+    model.make_mesh(shape)
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_sharded_logits_agree_across_meshes(shape, reference_logits):
+  mesh = model.make_mesh(shape)
+  llama = model.shard(model.Llama(CFG, rngs=nnx.Rngs(3)), mesh)
+  for path, leaf in nnx.to_flat_state(nnx.state(llama, nnx.Param)):
+    assert leaf[...].sharding == jax.sharding.NamedSharding(mesh, sharding.partition_spec(path)), path
+  tokens, mask = _batch()
+  logits = sharding.sharded_forward(llama, mesh)(tokens, mask)
+  assert logits.sharding.spec == jax.sharding.PartitionSpec(sharding.BATCH, None, "tensor")
+  np.testing.assert_allclose(np.asarray(logits), reference_logits, atol=1e-5, rtol=0)
+
+
+def test_fsdp_8_puts_one_eighth_of_the_parameters_on_each_device():
+  mesh = model.make_mesh((1, 8, 1))
+  llama = model.shard(model.Llama(CFG, rngs=nnx.Rngs(0)), mesh)
+  state = nnx.state(llama, nnx.Param)
+  total = sum(x[...].nbytes for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+      x, nnx.Variable)))
+  per_device = sharding.per_device_bytes(state)
+  assert len(per_device) == 8
+  for nbytes in per_device.values():
+    assert abs(nbytes - total / 8) <= 0.01 * total / 8
+
+
+def test_every_parameter_has_a_spec_of_its_rank():
+  abstract = nnx.eval_shape(lambda: model.Llama(CFG, rngs=nnx.Rngs(0)))
+  for path, leaf in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+    assert len(sharding.partition_spec(path)) == len(leaf.shape), path
+
+
+@pytest.mark.parametrize("shape,overrides,field", [
+    ((1, 1, 4), {}, "num_kv_heads"),            # 2 kv heads over tensor=4
+    ((1, 1, 8), {}, "num_heads"),               # 4 heads over tensor=8
+    ((1, 1, 2), {"vocab_size": 101}, "vocab_size"),
+    ((1, 8, 1), {"hidden_size": 68, "head_dim": 16}, "hidden_size"),
+])
+def test_mesh_that_does_not_divide_names_the_field(shape, overrides, field):
+  cfg = dataclasses.replace(CFG, **overrides)
+  llama = nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0)))
+  with pytest.raises(ConfigError, match=f"LlamaConfig.{field}="):
+    model.shard(llama, model.make_mesh(shape))
+
+
+def test_cache_sharding_matches_init_cache_rank():
+  mesh = model.make_mesh((2, 2, 2))
+  cache = model.init_cache(CFG, batch_size=4, max_len=8)
+  placed = jax.device_put(cache, sharding.cache_sharding(mesh))
+  assert placed["k"].sharding.spec == jax.sharding.PartitionSpec(
+      None, sharding.BATCH, None, "tensor", None)
+  assert math.prod(placed["k"].addressable_shards[0].data.shape) == cache["k"].size // 8
