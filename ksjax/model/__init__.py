@@ -6,11 +6,12 @@ The contract with the sampler and trainer is the surface exported here; see each
 from ksjax.model.config import PRESETS, LlamaConfig, from_hf_config, preset, to_hf_config
 from ksjax.model.hf_io import CheckpointError, load_hf, save_hf
 from ksjax.model.llama import Cache, Llama, default_positions, init_cache
+from ksjax.model.logprobs import token_logprobs
 from ksjax.model.sharding import make_mesh, shard
 
 __all__ = [
     "PRESETS", "LlamaConfig", "from_hf_config", "preset", "to_hf_config",
     "Cache", "Llama", "default_positions", "init_cache",
     "CheckpointError", "load_hf", "save_hf",
-    "make_mesh", "shard",
+    "make_mesh", "shard", "token_logprobs",
 ]

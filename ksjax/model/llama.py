@@ -34,6 +34,14 @@ def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> C
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
+def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int) -> jax.Array:
+  """float32 logits [B, T, V'] of hidden states against a head matrix [V', D] (vocab_axis 0) or
+  [D, V'] (vocab_axis 1)."""
+  spec = "btd,vd->btv" if vocab_axis == 0 else "btd,dv->btv"
+  return jnp.einsum(spec, hidden_btd, w.astype(hidden_btd.dtype),
+                    preferred_element_type=jnp.float32)
+
+
 class Llama(nnx.Module):
   """Llama 3 / 3.1 / 3.2 causal language model, optionally with a scalar value head."""
 
@@ -58,16 +66,17 @@ class Llama(nnx.Module):
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     return jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.cfg.dtype)
 
-  def output_embedding(self) -> jax.Array:
-    """The lm-head matrix [D, V] (the transposed token embedding when tied)."""
+  def head_weight(self) -> tuple[jax.Array, int]:
+    """The lm-head matrix and its vocabulary axis: the embedding [V, D] (axis 0) when tied, else
+    `lm_head` [D, V] (axis 1). Never transposed, so no [V, D]-sized copy is made."""
     if self.cfg.tie_embeddings:
-      return self.embed_tokens[...].T
-    return self.lm_head[...]
+      return self.embed_tokens[...], 0
+    return self.lm_head[...], 1
 
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T, V] from final hidden states."""
-    w_dv = self.output_embedding().astype(self.cfg.dtype)
-    return jnp.einsum("btd,dv->btv", hidden_btd, w_dv, preferred_element_type=jnp.float32)
+    w, vocab_axis = self.head_weight()
+    return head_logits(hidden_btd, w.astype(self.cfg.dtype), vocab_axis)
 
   def value(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T] scalar values (PPO critic); needs cfg.value_head."""
