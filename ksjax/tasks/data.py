@@ -1,0 +1,334 @@
+"""Datasets on disk and the grain pipeline that feeds prompts to the trainer.
+
+Building (once, offline). One TFDS builder per dataset turns local files in the published
+format into array_record shards (`tensorflow-datasets` without TensorFlow) of examples
+`{"id": Text, "record": Text}`, where `record` is the JSON of the normalized record that the
+dataset's reader yields (`ksjax.tasks.math_data`, `ksjax.tasks.code_data`) or, for "synthetic",
+the embedded task's records. The examples stay this plain on purpose: every dataset shares one
+feature spec, the task decides what a record means (`Task.prompt_from_record`), and nothing
+the readers add is lost. Building never touches the network: the files come from a manual
+directory, `try_download_gcs=False`, and tfds's download directory is a temporary one that is
+removed afterwards. A missing input is one `DataError` naming the expected path and format,
+raised before anything is written.
+
+  python -m ksjax.tasks.data --dataset=math --manual_dir=~/MATH --data_dir=~/ksjax_data
+
+Reading (every run). `load_records` opens a built split as a random-access grain `MapDataset`
+of decoded records; `batch_iterator` turns it (or any sequence, e.g. `task.prompts("train")`)
+into an endless stream of batches:
+
+  records --map(transform)--> shuffle(seed, reshuffled each epoch) --> repeat
+          --> batch(B / P) --> take every P-th batch starting at process p
+
+so that the P local batches of step t are, in process order, exactly the global batch of step
+t of a single-process run with the same seed: a run's data does not depend on how many hosts
+read it. Each process reads only its own records. The iterator is a `grain.DatasetIterator`;
+its state (`get_state()`/`set_state()`, a few integers) goes into Orbax checkpoints through
+grain's handler:
+
+  manager.save(step, args=ocp.args.Composite(
+      data=grain.checkpoint.CheckpointSave(iterator), ...))
+  manager.restore(step, args=ocp.args.Composite(
+      data=grain.checkpoint.CheckpointRestore(fresh_iterator), ...))
+
+and a restored iterator continues with exactly the elements the saved one would have produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+import tensorflow_datasets as tfds
+
+from ksjax.tasks.base import DataError
+
+_FEATURES = {"id": tfds.features.Text(), "record": tfds.features.Text()}
+
+
+class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """What ksjax's builders share: a version, the {"id", "record"} features and no code path.
+
+  Our builders keep no checksums file beside their code. Saying so (code_path = None) also
+  skips tfds 4.9.10's code-path lookup, which imports the undeclared package
+  `importlib_resources` on Python >= 3.9 (tensorflow/datasets#11212).
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  code_path = None
+  DESCRIPTION: str
+  HOMEPAGE: str = ""
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, description=self.DESCRIPTION,
+                                 homepage=self.HOMEPAGE,
+                                 features=tfds.features.FeaturesDict(_FEATURES))
+
+
+def _examples(records: Iterator[Mapping[str, Any]], source: str) -> Iterator[tuple[str, dict]]:
+  """(key, example) pairs for TFDS from normalized records; ids must be unique strings."""
+  seen: set[str] = set()
+  for record in records:
+    record_id = record.get("id") if isinstance(record, Mapping) else None
+    if not isinstance(record_id, str) or not record_id:
+      raise DataError(f"{source}: a record has no string 'id': {str(record)[:200]}")
+    if record_id in seen:
+      raise DataError(f"{source}: id {record_id!r} occurs twice; ids must be unique within a split")
+    seen.add(record_id)
+    try:
+      text = json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+      raise DataError(f"{source}: record {record_id!r} is not JSON-serializable: {e}") from e
+    yield record_id, {"id": record_id, "record": text}
+
+
+class LocalFilesBuilder(_Builder, skip_registration=True):
+  """Builds a dataset from files in a manual directory through a reader function.
+
+  Subclasses name the reader (imported lazily: readers pull in their own dependencies), the
+  file or directory of each split relative to the manual directory, and the accepted format.
+  """
+
+  READER: tuple[str, str]  # (module, function): path -> Iterator[normalized record dict]
+  SPLITS: Mapping[str, str]  # split -> path relative to the manual directory
+  FORMAT: str  # what the files must be, for error messages
+
+  @classmethod
+  def _layout(cls) -> str:
+    return ", ".join(f"{split}: <manual_dir>/{path}" for split, path in cls.SPLITS.items())
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    cls.MANUAL_DOWNLOAD_INSTRUCTIONS = f"Place {cls.FORMAT} in the manual directory ({cls._layout()})."
+    cls.DESCRIPTION = f"{cls.name} from local files ({cls.FORMAT}), read by {'.'.join(cls.READER)}."
+
+  @classmethod
+  def check_manual_dir(cls, manual_dir: str | os.PathLike | None) -> dict[str, str]:
+    """The path of every split, or DataError naming the first missing one and the format."""
+    if manual_dir is None:
+      raise DataError(f"dataset {cls.name!r} is built from local files; pass manual_dir, a "
+                      f"directory holding {cls.FORMAT} ({cls._layout()})")
+    paths = {split: os.path.join(os.fspath(manual_dir), rel) for split, rel in cls.SPLITS.items()}
+    for path in paths.values():
+      if not os.path.exists(path):
+        raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected {cls.FORMAT} "
+                        f"({cls._layout()})")
+    return paths
+
+  def _split_generators(self, dl_manager):
+    paths = self.check_manual_dir(dl_manager.manual_dir)
+    return {split: self._generate_examples(path) for split, path in paths.items()}
+
+  def _generate_examples(self, path: str):
+    module, function = self.READER
+    reader = getattr(importlib.import_module(module), function)
+    return _examples(reader(path), source=f"{self.name} ({path})")
+
+
+class MathBuilder(LocalFilesBuilder, skip_registration=True):
+  name = "math"
+  READER = ("ksjax.tasks.math_data", "read_math_dir")
+  SPLITS = {"train": "train", "test": "test"}
+  FORMAT = ("MATH's per-problem JSON files (<split>/<subject>/<n>.json with problem, level, "
+            "type, solution)")
+  HOMEPAGE = "https://github.com/hendrycks/math"
+
+
+class Math500Builder(LocalFilesBuilder, skip_registration=True):
+  name = "math500"
+  READER = ("ksjax.tasks.math_data", "read_math500_jsonl")
+  SPLITS = {"test": "test.jsonl"}
+  FORMAT = ("the MATH-500 JSONL file (one object per line: problem, solution, answer, subject, "
+            "level, unique_id)")
+  HOMEPAGE = "https://huggingface.co/datasets/HuggingFaceH4/MATH-500"
+
+
+class HarpBuilder(LocalFilesBuilder, skip_registration=True):
+  name = "harp"
+  READER = ("ksjax.tasks.math_data", "read_harp_jsonl")
+  SPLITS = {"train": "HARP.jsonl"}  # The paper trains on all of HARP.
+  FORMAT = "the HARP JSONL file (one object per line: problem, answer, solution_1.., level, ...)"
+  HOMEPAGE = "https://github.com/aadityasingh/HARP"
+
+
+class CodeContestsBuilder(LocalFilesBuilder, skip_registration=True):
+  name = "code_contests"
+  READER = ("ksjax.tasks.code_data", "read_code_contests")
+  SPLITS = {"train": "train", "valid": "valid", "test": "test"}
+  FORMAT = ("CodeContests problems (name, description, public_tests/private_tests/"
+            "generated_tests, time_limit, memory_limit_bytes, ...) for each split")
+  HOMEPAGE = "https://github.com/google-deepmind/code_contests"
+
+
+class TacoBuilder(LocalFilesBuilder, skip_registration=True):
+  name = "taco"
+  READER = ("ksjax.tasks.code_data", "read_taco")
+  SPLITS = {"train": "train", "test": "test"}
+  FORMAT = ("TACO problems (question, input_output JSON with inputs/outputs/fn_name, "
+            "starter_code, difficulty, ...) for each split")
+  HOMEPAGE = "https://huggingface.co/datasets/BAAI/TACO"
+
+
+@dataclasses.dataclass(eq=False)
+class SyntheticConfig(tfds.core.BuilderConfig):
+  """The generation parameters of `ksjax.tasks.synthetic.SyntheticTask`; the config's name
+  encodes them, so differently generated datasets never share a directory."""
+  seed: int = 0
+  train_per_level: int = 800
+  test_per_level: int = 60
+  num_solutions: int = 4
+
+  @classmethod
+  def make(cls, **options) -> "SyntheticConfig":
+    fields = {f.name for f in dataclasses.fields(cls)} - {
+        f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
+    unknown = set(options) - fields
+    if unknown:
+      raise ValueError(f"synthetic dataset options {sorted(unknown)} are not accepted; expected "
+                       f"some of {sorted(fields)}")
+    values = {name: options.get(name, getattr(cls, name)) for name in sorted(fields)}
+    return cls(name="_".join(f"{k}{v}" for k, v in values.items()), **values)
+
+
+class SyntheticBuilder(_Builder, skip_registration=True):
+  """The embedded task's splits, generated (no input files)."""
+
+  name = "synthetic"
+  DESCRIPTION = "ksjax's embedded task: signed digit chains modulo 10 (ksjax.tasks.synthetic)."
+
+  def _split_generators(self, dl_manager):
+    from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+    config = self.builder_config
+    task = synthetic.SyntheticTask(seed=config.seed, train_per_level=config.train_per_level,
+                                   test_per_level=config.test_per_level,
+                                   num_solutions=config.num_solutions)
+    return {split: self._generate_examples(task, split) for split in synthetic.SPLITS}
+
+  def _generate_examples(self, task, split: str):
+    return _examples(task.records(split), source=f"synthetic ({split})")
+
+
+BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
+    b.name: b for b in (SyntheticBuilder, MathBuilder, Math500Builder, HarpBuilder,
+                        CodeContestsBuilder, TacoBuilder)}
+
+
+def make_builder(name: str, *, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
+  """The builder of dataset `name` rooted at `data_dir` (built or not)."""
+  if name not in BUILDERS:
+    raise ValueError(f"dataset {name!r} is not accepted; expected one of {', '.join(BUILDERS)}")
+  if name == "synthetic":
+    return SyntheticBuilder(data_dir=os.fspath(data_dir), config=SyntheticConfig.make(**options),
+                            file_format="array_record")
+  if options:
+    raise ValueError(f"dataset {name!r} takes no options; got {sorted(options)}")
+  return BUILDERS[name](data_dir=os.fspath(data_dir), file_format="array_record")
+
+
+def build(name: str, *, data_dir: str | os.PathLike, manual_dir: str | os.PathLike | None = None,
+          overwrite: bool = False, **options) -> tfds.core.DatasetBuilder:
+  """Builds dataset `name` into `data_dir` (array_record) from `manual_dir`; returns its builder.
+
+  An already built dataset is reused unless `overwrite`. `options` are the synthetic task's
+  generation parameters (see `SyntheticConfig`).
+  """
+  builder = make_builder(name, data_dir=data_dir, **options)
+  if isinstance(builder, LocalFilesBuilder):
+    builder.check_manual_dir(manual_dir)  # before tfds writes anything
+  mode = (tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS if overwrite
+          else tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
+  with tempfile.TemporaryDirectory(prefix="ksjax_tfds_downloads_") as download_dir:
+    builder.download_and_prepare(
+        download_dir=download_dir,
+        download_config=tfds.download.DownloadConfig(
+            manual_dir=None if manual_dir is None else os.fspath(manual_dir),
+            download_mode=mode, try_download_gcs=False))
+  return builder
+
+
+def load_records(name: str, split: str, *, data_dir: str | os.PathLike,
+                 **options) -> grain.MapDataset:
+  """A built split as a random-access MapDataset of normalized record dicts."""
+  builder = make_builder(name, data_dir=data_dir, **options)
+  if not builder.is_prepared():
+    raise DataError(f"dataset {name!r} is not built at {builder.data_path}; expected TFDS "
+                    f"array_record files there: build it with ksjax.tasks.data.build({name!r}, "
+                    f"data_dir=..., manual_dir=...) or `python -m ksjax.tasks.data`")
+  if split not in builder.info.splits:
+    raise DataError(f"dataset {name!r} at {builder.data_path} has no split {split!r}; it has "
+                    f"{', '.join(sorted(builder.info.splits))}")
+  return grain.MapDataset.source(builder.as_data_source(split)).map(_decode)
+
+
+def _decode(example: Mapping[str, Any]) -> dict[str, Any]:
+  return json.loads(example["record"])
+
+
+def batch_iterator(source: grain.MapDataset | Sequence[Any], *, batch_size: int, seed: int,
+                   shuffle: bool = True, num_epochs: int | None = None,
+                   shard_options: grain.sharding.ShardOptions | None = None,
+                   transform: Callable[[Any], Any] | None = None,
+                   read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
+  """This process's batches (lists of `batch_size / shard_count` elements) of `source`.
+
+  Args:
+    source: records (`load_records`) or any sequence, e.g. `task.prompts("train")`.
+    batch_size: the global batch size, divisible by the number of shards.
+    seed: the shuffle seed; every epoch is reshuffled deterministically from it.
+    shuffle: False keeps the source order (evaluation).
+    num_epochs: None repeats forever; otherwise the stream ends after that many epochs, the
+      incomplete last batch and any batches that not every shard would get dropped, so all
+      processes take the same number of steps.
+    shard_options: this process's shard; by default the JAX process index and count.
+    transform: applied to each element before batching (e.g. `task.prompt_from_record`).
+    read_options: grain's threading and prefetch; a small default suited to prompt records.
+
+  Returns:
+    An iterator over lists; `get_state()`/`set_state()` save and restore its position.
+  """
+  shard = shard_options or grain.sharding.ShardByJaxProcess(drop_remainder=True)
+  if batch_size < 1 or batch_size % shard.shard_count:
+    raise ValueError(f"batch_size={batch_size} is not accepted; expected a positive multiple of "
+                     f"the number of data shards (processes), {shard.shard_count}")
+  local_batch = batch_size // shard.shard_count
+  dataset = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
+  if len(dataset) == 0:
+    raise DataError("the data source is empty")
+  if transform is not None:
+    dataset = dataset.map(transform)
+  if shuffle:
+    dataset = dataset.shuffle(seed=seed)
+  dataset = dataset.repeat(num_epochs).batch(local_batch, drop_remainder=True, batch_fn=list)
+  if num_epochs is not None:
+    dataset = dataset[:len(dataset) - len(dataset) % shard.shard_count]
+  dataset = dataset[shard.shard_index::shard.shard_count]
+  read_options = read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+  return iter(dataset.to_iter_dataset(read_options))
+
+
+def main(argv: Sequence[str]) -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  del argv
+  values = flags.FLAGS
+  try:
+    builder = build(values.dataset, data_dir=values.data_dir, manual_dir=values.manual_dir,
+                    overwrite=values.overwrite)
+  except DataError as e:
+    raise SystemExit(f"ksjax.tasks.data: {e}") from None
+  for split, info in builder.info.splits.items():
+    print(f"{builder.name}/{split}: {info.num_examples} examples in {builder.data_path}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  flags.DEFINE_enum("dataset", None, list(BUILDERS), "The dataset to build.", required=True)
+  flags.DEFINE_string("data_dir", None, "Where the built dataset goes.", required=True)
+  flags.DEFINE_string("manual_dir", None, "The directory holding the published files.")
+  flags.DEFINE_bool("overwrite", False, "Rebuild even if a built copy exists.")
+  app.run(main)
