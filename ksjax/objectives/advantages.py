@@ -1,0 +1,249 @@
+"""k-sample policy-gradient weights (Tang et al., section 3 and appendix), extended to n >= k samples.
+
+A group holds n i.i.d. samples y_1..y_n of one prompt with rewards r_i. The k-sample objective is
+E[f(y_1..y_k)] for an aggregator f (mean, max = pass@k, majority vote, softmax-weighted reward). For
+n = k the paper's estimators give each sample a weight w_i, the gradient estimate being
+sum_i w_i grad log pi(y_i):
+
+  baseline        w_i (n = k)                                      unbiased gradient of
+  none            f(y)                                             E[f(y_1..y_k)]
+  loo             f(y) - f(y_-i)                                   E[f(y_1..y_k)]
+  loo_demeaned    A_i - mean_j A_j = mean_j f(y_-j) - f(y_-i)      E[(1/k) sum_i f(y_-i)]
+  leave_p_out     (1/C(k-1,p-1)) sum_{|s|=p, i in s} (A_s - mean A) E[(1/C(k,p)) sum_{|s|=p} f(y_-s)]
+                  = mean_{|s|=p} f(y_-s) - mean_{|s|=p, i in s} f(y_-s)
+
+with A_s = f(y) - f(y_-s). The appendix states leave_p_out for f = max; the derivation never uses the
+form of f, so the same weights serve every aggregator ("max" replaced by f on the complement). The
+baselines subtracted, f(y_-i) and the mean over s containing i, never involve y_i, which is why each
+estimate is unbiased for its target. The loo_demeaned and leave_p_out targets are the (k-1)- and
+(k-p)-sample objectives E[f(y_1..y_{k-p})], since each y_-s is k - p i.i.d. samples; for pass@k and
+p = 1 that is E[((k-1)/k) r_(k) + (1/k) r_(k-1)], the paper's biased objective.
+
+For n > k every estimator is the U-statistic over the C(n, k) k-subsets S of the group,
+W_i = (1/C(n, k)) sum_S [w^S_i if i in S else 0], unbiased for the same target as the n = k estimator
+(each S is k i.i.d. samples). Write phi_m(i) for the mean of f over the m-subsets of the n samples
+that contain i and psi_m(i) for the mean over those that do not. Counting, for each m-subset T, the
+k-subsets S that contain T and i, the U-statistics are
+
+  none:         W_i = (k/n) phi_k(i)
+  loo:          W_i = (k/n) (phi_k(i) - psi_{k-1}(i))
+  leave_p_out:  W_i = (m/n) (phi_m(i) - psi_m(i)),  m = k - p;  loo_demeaned is p = 1.
+
+(For leave_p_out: sum_{S contains i} mean_{T in S, |T|=m} f(T) counts T containing i C(n-m, k-m) times
+and T without i C(n-m-1, k-m-1) times; the second term counts T without i C(n-m-1, k-m-1) times; with
+C(n,k) C(k,m) = C(n,m) C(n-m,k-m) the coefficients reduce to m/n and -m/n.) Two consequences:
+leave_p_out depends on (k, p) only through k - p, and with p = k - 1 (target E[r], f of one sample
+being its reward for every aggregator here) it equals the mean aggregator's leave-one-out weight
+(r_i - rbar)/(n - 1) for every f: the appendix's "p = k-1 gives the mean objective", exactly.
+
+mean and pass_at_k evaluate phi and psi in closed form (`mean.py`, `pass_at_k.py`); majority_vote and
+softmax enumerate subsets (`enumerated.py`).
+
+scale="group_std" divides each group's weights by their sample standard deviation (Bessel-corrected,
+as torch.std in the GRPO implementations of TRL and verl) plus eps. The paper's appendix ("Integrating
+with GRPO") treats the k-sample advantage as the effective reward, subtracts the group mean (Dr. GRPO)
+and "further divides by the standard deviation" for the GRPO form: the std of the effective rewards,
+which is the std of the weights themselves. For aggregator="mean" this is exactly GRPO's
+(r_i - rbar) / std(r). It is rejected with baseline="none", whose weights are constant across a group
+when n = k (a standard deviation of 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ksjax.objectives import enumerated
+from ksjax.objectives import mean
+from ksjax.objectives import pass_at_k
+
+AGGREGATORS = ("mean", "pass_at_k", "majority_vote", "softmax")
+BASELINES = ("none", "loo", "loo_demeaned", "leave_p_out")
+SCALES = ("none", "group_std")
+_ENUMERATED = ("majority_vote", "softmax")
+
+
+def _choice(name: str, value, accepted: tuple[str, ...]) -> None:
+  if value not in accepted:
+    raise ValueError(f"{name}={value!r} is not accepted; expected one of {', '.join(map(repr, accepted))}")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_concrete(value) -> bool:
+  return not isinstance(value, jax.core.Tracer)
+
+
+def _check_rewards(rewards) -> jax.Array:
+  rewards = jnp.asarray(rewards)
+  if rewards.ndim != 2:
+    raise ValueError(f"rewards has shape {rewards.shape}; expected a float array [G, n] "
+                     "(G groups of n samples)")
+  if not jnp.issubdtype(rewards.dtype, jnp.floating):
+    raise ValueError(f"rewards has dtype {rewards.dtype}; expected a floating dtype (float32, float64)")
+  if _is_concrete(rewards) and not bool(jnp.all(jnp.isfinite(rewards))):
+    bad = np.argwhere(~np.isfinite(np.asarray(rewards)))[0]
+    raise ValueError(f"rewards[{bad[0]}, {bad[1]}] = {np.asarray(rewards)[tuple(bad)]} is not finite; "
+                     "expected finite rewards")
+  return rewards
+
+
+def _check_k(k, n: int) -> int:
+  if k is None:
+    return n
+  if not _is_int(k) or not 1 <= k <= n:
+    raise ValueError(f"k={k!r} is not accepted; expected an integer in [1, n={n}] (or None for k = n)")
+  return int(k)
+
+
+def _check_answer_ids(answer_ids, shape: tuple[int, ...]) -> jax.Array:
+  if answer_ids is None:
+    raise ValueError("answer_ids is missing; aggregator='majority_vote' needs an integer array [G, n] "
+                     "giving each sample's answer class")
+  answer_ids = jnp.asarray(answer_ids)
+  if answer_ids.shape != shape or not jnp.issubdtype(answer_ids.dtype, jnp.integer):
+    raise ValueError(f"answer_ids has shape {answer_ids.shape} and dtype {answer_ids.dtype}; expected "
+                     f"an integer array of the rewards' shape {shape}")
+  return answer_ids
+
+
+def _check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
+  if not _is_concrete(value):
+    return
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = math.nan
+  if not math.isfinite(number) or (positive and number <= 0):
+    raise ValueError(f"{name}={value!r} is not accepted; expected a finite number"
+                     + (" > 0" if positive else ""))
+
+
+def _check_baseline(baseline: str, k: int, p) -> int | None:
+  """The subset size m of the leave-p-out target, or None for none/loo."""
+  if baseline != "none" and k < 2:
+    raise ValueError(f"k={k} is not accepted with baseline={baseline!r}; leave-out baselines need k >= 2")
+  if baseline == "loo_demeaned":
+    return k - 1
+  if baseline == "leave_p_out":
+    if not _is_int(p) or not 1 <= p <= k - 1:
+      raise ValueError(f"p={p!r} is not accepted with baseline='leave_p_out' and k={k}; expected an "
+                       f"integer in [1, k-1 = {k - 1}]")
+    return k - int(p)
+  return None
+
+
+def _subset_values(rewards_gn, aggregator, m, beta, answer_ids_gn):
+  if aggregator == "softmax":
+    return enumerated.softmax_values(rewards_gn, beta, m)
+  return enumerated.majority_vote_values(rewards_gn, answer_ids_gn, m)
+
+
+def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn) -> jax.Array:
+  n = rewards_gn.shape[-1]
+  if aggregator == "mean":
+    return mean.none(rewards_gn, k) if baseline == "none" else mean.leave_out(rewards_gn)
+  if aggregator == "pass_at_k":
+    if baseline == "none":
+      return pass_at_k.none(rewards_gn, k)
+    if baseline == "loo":
+      return pass_at_k.loo(rewards_gn, k)
+    return pass_at_k.leave_p_out(rewards_gn, m)
+  values = lambda size: _subset_values(rewards_gn, aggregator, size, beta, answer_ids_gn)
+  if baseline == "none":
+    return enumerated.none(values(k), n, k)
+  if baseline == "loo":
+    return enumerated.loo(values(k), values(k - 1), n, k)
+  return enumerated.leave_p_out(values(m), n, m)
+
+
+def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | None = None,
+                        p: int = 1, beta: float | jax.Array = 1.0, answer_ids=None,
+                        scale: str = "none", eps: float = 1e-6) -> jax.Array:
+  """Per-sample weights of the k-sample policy gradient, [G, n] -> [G, n].
+
+  The gradient estimate for group g is sum_i w[g, i] grad log pi(y_{g,i}); see the module docstring
+  for each baseline's target objective and the n > k U-statistic. Pure and jit-able with aggregator,
+  baseline, k, p, scale (and eps) static; beta may be traced.
+
+  Args:
+    rewards: float32 or float64 [G, n], finite. Checked for finiteness when concrete; under jit a
+      non-finite reward is not detected and makes its group's weights non-finite.
+    aggregator: "mean" (f = mean reward), "pass_at_k" (f = max), "majority_vote" (f = reward of the
+      plurality answer, ties broken uniformly at random, in expectation: the mean reward of the tied
+      plurality classes), "softmax" (f = sum_i p_i r_i with p = softmax(beta * r) over the k samples).
+    baseline: "none" (REINFORCE), "loo" (unbiased leave-one-out), "loo_demeaned" (the paper's biased
+      variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned).
+    k: samples of the objective, 1 <= k <= n (>= 2 for leave-out baselines); None means n.
+    p: samples left out by "leave_p_out", 1 <= p <= k - 1; ignored by the other baselines.
+    beta: inverse temperature of "softmax" (finite; 0 gives the mean, large beta approaches max).
+    answer_ids: integer [G, n] answer classes, required by "majority_vote", ignored otherwise.
+    scale: "none" or "group_std" (divide each group's weights by their standard deviation + eps).
+    eps: added to the standard deviation by "group_std", > 0.
+
+  Returns:
+    Weights [G, n] in the rewards' dtype.
+
+  Raises:
+    ValueError: naming the argument and what is accepted, for any invalid argument or combination;
+      for majority_vote and softmax also when a subset family to enumerate exceeds
+      `enumerated.MAX_SUBSETS` (k = n is always accepted for none, loo and loo_demeaned).
+  """
+  rewards_gn = _check_rewards(rewards)
+  _choice("aggregator", aggregator, AGGREGATORS)
+  _choice("baseline", baseline, BASELINES)
+  _choice("scale", scale, SCALES)
+  n = rewards_gn.shape[-1]
+  k = _check_k(k, n)
+  m = _check_baseline(baseline, k, p)
+  if scale == "group_std":
+    if baseline == "none":
+      raise ValueError("scale='group_std' is not accepted with baseline='none' (its weights are constant "
+                       "within a group when k = n); expected baseline 'loo', 'loo_demeaned' or "
+                       "'leave_p_out'")
+    _check_finite_scalar("eps", eps, positive=True)
+  answer_ids_gn = None
+  if aggregator == "majority_vote":
+    answer_ids_gn = _check_answer_ids(answer_ids, rewards_gn.shape)
+  if aggregator == "softmax":
+    _check_finite_scalar("beta", beta)
+  if aggregator in _ENUMERATED:
+    sizes = {"none": (k,), "loo": (k, k - 1)}.get(baseline, (m,))
+    enumerated.check_enumerable(aggregator, n, sizes)
+
+  weights_gn = _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn)
+  if scale == "group_std":
+    std_g1 = jnp.std(weights_gn, axis=-1, keepdims=True, ddof=1)
+    weights_gn = weights_gn / (std_g1 + eps)
+  return weights_gn
+
+
+def objective_value(rewards, *, aggregator: str, k: int | None = None, beta: float | jax.Array = 1.0,
+                    answer_ids=None) -> jax.Array:
+  """Unbiased estimate of the k-sample objective E[f(y_1..y_k)] from each group's n samples, [G].
+
+  The U-statistic (1/C(n, k)) sum_{|S|=k} f(y_S): for pass_at_k the closed form
+  sum_{j>=k} C(j-1, k-1) r_(j) / C(n, k) over sorted rewards (with rewards in {0, 1} and c correct,
+  Chen et al.'s 1 - C(n-c, k)/C(n, k)); for majority_vote (maj@k) and softmax by enumerating the
+  k-subsets, within `enumerated.MAX_SUBSETS`. Arguments as in `k_sample_advantages`.
+  """
+  rewards_gn = _check_rewards(rewards)
+  _choice("aggregator", aggregator, AGGREGATORS)
+  n = rewards_gn.shape[-1]
+  k = _check_k(k, n)
+  if aggregator == "mean":
+    return mean.objective(rewards_gn)
+  if aggregator == "pass_at_k":
+    return pass_at_k.objective(rewards_gn, k)
+  answer_ids_gn = None
+  if aggregator == "majority_vote":
+    answer_ids_gn = _check_answer_ids(answer_ids, rewards_gn.shape)
+  else:
+    _check_finite_scalar("beta", beta)
+  enumerated.check_enumerable(aggregator, n, (k,))
+  return jnp.mean(_subset_values(rewards_gn, aggregator, k, beta, answer_ids_gn), axis=-1)

@@ -1,0 +1,37 @@
+"""The mean aggregator, f = (1/k) sum of the k rewards: closed forms without a sort.
+
+f is linear, so its subset averages (see `ksjax.objectives.advantages`) are
+phi_m(i) = (r_i + (m - 1) rbar_{-i}) / m and psi_m(i) = rbar_{-i}, with rbar_{-i} the mean of the
+other n - 1 rewards. Hence
+
+  none:            w_i = (k/n) phi_k(i) = (r_i + (k - 1) rbar_{-i}) / n
+  every leave-out: w_i = (k/n)(phi_k - psi_{k-1}) = (m/n)(phi_m - psi_m) = (r_i - rbar) / (n - 1),
+
+the last independent of k and p: RLOO's advantage r_i - rbar_{-i} times 1/n (the paper's 1/k factor
+when n = k). Written with the full-group mean rbar, a constant added to every reward cancels exactly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def none(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """REINFORCE weights (k/n) phi_k(i), [G, n]."""
+  n = rewards_gn.shape[-1]
+  if k == 1:  # The 1-sample objective: each sample's weight is its reward, averaged over n.
+    return rewards_gn / n
+  others_mean_gn = (jnp.sum(rewards_gn, axis=-1, keepdims=True) - rewards_gn) / (n - 1)
+  return (rewards_gn + (k - 1) * others_mean_gn) / n
+
+
+def leave_out(rewards_gn: jax.Array) -> jax.Array:
+  """Weights of loo, loo_demeaned and leave_p_out, all equal for the mean: (r_i - rbar)/(n - 1)."""
+  n = rewards_gn.shape[-1]
+  return (rewards_gn - jnp.mean(rewards_gn, axis=-1, keepdims=True)) / (n - 1)
+
+
+def objective(rewards_gn: jax.Array) -> jax.Array:
+  """U-statistic estimate of E[f(y_1..y_k)] for every k: the group mean, [G]."""
+  return jnp.mean(rewards_gn, axis=-1)

@@ -1,0 +1,125 @@
+"""The pass@k aggregator, f = max of the k rewards: every estimator in closed form after one sort.
+
+Sort each group ascending, r_(1) <= ... <= r_(n), and let q be sample i's position. Counting the
+m-subsets by the position of their largest member gives the subset averages of
+`ksjax.objectives.advantages`:
+
+  C(n-1, m-1) phi_m(i) = C(q-1, m-1) r_(q) + sum_{j>q} C(j-2, m-2) r_(j)
+  C(n-1, m)   psi_m(i) = sum_{j<q} C(j-1, m-1) r_(j) + sum_{j>q} C(j-2, m-1) r_(j)
+
+(the first term: subsets whose other members all sit below q have maximum r_(q)). Every estimator is
+therefore `own_q r_(q) + sum_{j<q} below_j r_(j) + sum_{j>q} above_j r_(j)`: one sort and two
+cumulative sums per group, O(n log n), no subset is ever enumerated. With m = k, (k/n) phi_k is
+PKPO's weight s_(i) and (k/n)(phi_k - psi_{k-1}) is PKPO's averaged leave-one-out
+[C(q-1, k-1) r_(q) - sum_{j<q} C(j-1, k-2) r_(j)] / C(n, k) (Walder & Karkhanis 2025).
+
+Ties: the maximum of a set does not depend on how its tied members are ordered, so the counting
+above is exact for any order among equal rewards, and a stable sort suffices. With n = k and a tied
+maximum, loo gives r_(n) - r_(n-1) = 0 exactly: both coefficients are exactly 1 and the others exactly 0.
+
+Binomial coefficients overflow float32 from n = 35 on (C(100, 50) ~ 1e29) and lose digits in log
+space, while the ratios used here are all below n. n and k are static shapes, so the ratios are formed
+once in exact rational arithmetic and rounded once to float64; jitted code sees constants.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (own [n], below [n], above [n]) coefficients over sorted positions, float64.
+_Coefficients = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _comb(a: int, b: int) -> int:
+  """C(a, b), 0 outside 0 <= b <= a (so sums over positions need no bounds)."""
+  return math.comb(a, b) if 0 <= b <= a else 0
+
+
+def _to_float64(values: list[Fraction | int]) -> np.ndarray:
+  array = np.array([float(v) for v in values], dtype=np.float64)  # float() rounds exactly once.
+  array.flags.writeable = False
+  return array
+
+
+@functools.lru_cache(maxsize=256)
+def _none_coefficients(n: int, k: int) -> _Coefficients:
+  """(k/n) phi_k: [C(q-1, k-1) r_(q) + sum_{j>q} C(j-2, k-2) r_(j)] / C(n, k)."""
+  total = math.comb(n, k)
+  positions = range(1, n + 1)
+  own = [Fraction(_comb(q - 1, k - 1), total) for q in positions]
+  above = [Fraction(_comb(j - 2, k - 2), total) for j in positions]
+  return _to_float64(own), _to_float64([0] * n), _to_float64(above)
+
+
+@functools.lru_cache(maxsize=256)
+def _loo_coefficients(n: int, k: int) -> _Coefficients:
+  """(k/n)(phi_k - psi_{k-1}): [C(q-1, k-1) r_(q) - sum_{j<q} C(j-1, k-2) r_(j)] / C(n, k)."""
+  total = math.comb(n, k)
+  positions = range(1, n + 1)
+  own = [Fraction(_comb(q - 1, k - 1), total) for q in positions]
+  below = [Fraction(-_comb(j - 1, k - 2), total) for j in positions]
+  return _to_float64(own), _to_float64(below), _to_float64([0] * n)
+
+
+@functools.lru_cache(maxsize=256)
+def _leave_p_out_coefficients(n: int, m: int) -> _Coefficients:
+  """(m/n)(phi_m - psi_m), m = k - p < n, using (m/n) / C(n-1, m) = m / ((n-m) C(n, m))."""
+  total = math.comb(n, m)
+  ratio = Fraction(m, n - m)
+  positions = range(1, n + 1)
+  own = [Fraction(_comb(q - 1, m - 1), total) for q in positions]
+  below = [-ratio * Fraction(_comb(j - 1, m - 1), total) for j in positions]
+  above = [(_comb(j - 2, m - 2) - ratio * _comb(j - 2, m - 1)) / total for j in positions]
+  return _to_float64(own), _to_float64(below), _to_float64(above)
+
+
+@functools.lru_cache(maxsize=256)
+def _objective_coefficients(n: int, k: int) -> np.ndarray:
+  """U-statistic of E[max of k]: sum_{j>=k} C(j-1, k-1) r_(j) / C(n, k)."""
+  total = math.comb(n, k)
+  return _to_float64([Fraction(_comb(j - 1, k - 1), total) for j in range(1, n + 1)])
+
+
+def _apply(rewards_gn: jax.Array, coefficients: _Coefficients) -> jax.Array:
+  """own_q r_(q) + sum_{j<q} below_j r_(j) + sum_{j>q} above_j r_(j), back in sample order."""
+  dtype = rewards_gn.dtype
+  own_n, below_n, above_n = (jnp.asarray(c, dtype) for c in coefficients)
+  order_gn = jnp.argsort(rewards_gn, axis=-1, stable=True)
+  sorted_gn = jnp.take_along_axis(rewards_gn, order_gn, axis=-1)
+  zeros_g1 = jnp.zeros_like(sorted_gn[:, :1])
+  # Exclusive cumulative sums by shifting, not by subtracting: terms with zero coefficients then add
+  # exact zeros, which keeps the tie cases exact.
+  below_gn = jnp.concatenate([zeros_g1, jnp.cumsum(below_n * sorted_gn, axis=-1)[:, :-1]], axis=-1)
+  above_terms_gn = above_n * sorted_gn
+  above_gn = jnp.concatenate(
+      [jnp.flip(jnp.cumsum(jnp.flip(above_terms_gn, -1), axis=-1), -1)[:, 1:], zeros_g1], axis=-1)
+  weights_sorted_gn = own_n * sorted_gn + below_gn + above_gn
+  return jnp.put_along_axis(
+      jnp.zeros_like(rewards_gn), order_gn, weights_sorted_gn, axis=-1, inplace=False)
+
+
+def none(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """REINFORCE weights averaged over k-subsets (PKPO's s_(i)), [G, n]."""
+  return _apply(rewards_gn, _none_coefficients(rewards_gn.shape[-1], k))
+
+
+def loo(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """Leave-one-out weights averaged over k-subsets (Tang's LOO when n = k), [G, n]."""
+  return _apply(rewards_gn, _loo_coefficients(rewards_gn.shape[-1], k))
+
+
+def leave_p_out(rewards_gn: jax.Array, m: int) -> jax.Array:
+  """Leave-p-out weights for the (m = k - p)-sample target, [G, n]."""
+  return _apply(rewards_gn, _leave_p_out_coefficients(rewards_gn.shape[-1], m))
+
+
+def objective(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """Unbiased estimate of E[max of k rewards] from the n samples of each group, [G]."""
+  weights_n = jnp.asarray(_objective_coefficients(rewards_gn.shape[-1], k), rewards_gn.dtype)
+  return jnp.sum(jnp.sort(rewards_gn, axis=-1) * weights_n, axis=-1)
