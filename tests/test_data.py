@@ -78,11 +78,8 @@ def test_local_files_builder_reads_through_its_reader(tmp_path, monkeypatch):
       "    yield json.loads(line)\n")
   monkeypatch.syspath_prepend(str(tmp_path))
 
-  class FakeBuilder(data.LocalFilesBuilder, skip_registration=True):
-    name = "fake"
-    READER = ("fake_reader", "read")
-    SPLITS = {"train": "train.jsonl"}
-    FORMAT = "a JSONL file of records"
+  FakeBuilder = data.local_files_builder(data.LocalFiles(  # pylint: disable=invalid-name
+      "fake", "fake_reader:read", {"train": "train.jsonl"}, "a JSONL file of records", ""))
 
   manual, out = tmp_path / "manual", tmp_path / "out"
   manual.mkdir()

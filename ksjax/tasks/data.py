@@ -41,6 +41,7 @@ import importlib
 import json
 import os
 import tempfile
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -88,37 +89,79 @@ def _examples(records: Iterator[Mapping[str, Any]], source: str) -> Iterator[tup
     yield record_id, {"id": record_id, "record": text}
 
 
-class LocalFilesBuilder(_Builder, skip_registration=True):
-  """Builds a dataset from files in a manual directory through a reader function.
+@dataclasses.dataclass(frozen=True)
+class LocalFiles:
+  """Where a dataset's published files are and how to read them.
 
-  Subclasses name the reader (imported lazily: readers pull in their own dependencies), the
-  file or directory of each split relative to the manual directory, and the accepted format.
+  Attributes:
+    name: the dataset's name (its directory under `data_dir`).
+    reader: "module:function", a function path -> Iterator[normalized record dict], imported
+      only when building (readers bring their own dependencies).
+    splits: split -> file or directory, relative to the manual directory.
+    format: what the files must be, for error messages.
+    homepage: where the published files come from.
   """
+  name: str
+  reader: str
+  splits: Mapping[str, str]
+  format: str
+  homepage: str
 
-  READER: tuple[str, str]  # (module, function): path -> Iterator[normalized record dict]
-  SPLITS: Mapping[str, str]  # split -> path relative to the manual directory
-  FORMAT: str  # what the files must be, for error messages
+  @property
+  def layout(self) -> str:
+    return ", ".join(f"{split}: <manual_dir>/{path}" for split, path in self.splits.items())
 
-  @classmethod
-  def _layout(cls) -> str:
-    return ", ".join(f"{split}: <manual_dir>/{path}" for split, path in cls.SPLITS.items())
+
+LOCAL_DATASETS = (
+    LocalFiles("math", "ksjax.tasks.math_data:read_math_dir", {"train": "train", "test": "test"},
+               "MATH's per-problem JSON files (<split>/<subject>/<n>.json with problem, level, "
+               "type, solution)", "https://github.com/hendrycks/math"),
+    LocalFiles("math500", "ksjax.tasks.math_data:read_math500_jsonl", {"test": "test.jsonl"},
+               "the MATH-500 JSONL file (one object per line: problem, solution, answer, subject, "
+               "level, unique_id)", "https://huggingface.co/datasets/HuggingFaceH4/MATH-500"),
+    # The paper trains on all of HARP.
+    LocalFiles("harp", "ksjax.tasks.math_data:read_harp_jsonl", {"train": "HARP.jsonl"},
+               "the HARP JSONL file (one object per line: problem, answer, solution_1.., level, "
+               "...)", "https://github.com/aadityasingh/HARP"),
+    LocalFiles("code_contests", "ksjax.tasks.code_data:read_code_contests",
+               {"train": "train", "valid": "valid", "test": "test"},
+               "CodeContests problems (name, description, public_tests/private_tests/"
+               "generated_tests, time_limit, memory_limit_bytes, ...) for each split",
+               "https://github.com/google-deepmind/code_contests"),
+    LocalFiles("taco", "ksjax.tasks.code_data:read_taco", {"train": "train", "test": "test"},
+               "TACO problems (question, input_output JSON with inputs/outputs/fn_name, "
+               "starter_code, difficulty, ...) for each split",
+               "https://huggingface.co/datasets/BAAI/TACO"),
+)
+
+
+class LocalFilesBuilder(_Builder, skip_registration=True):
+  """Builds a dataset from files in a manual directory through its reader; subclasses set
+  SOURCE (`local_files_builder` makes one per entry of LOCAL_DATASETS)."""
+
+  SOURCE: LocalFiles
 
   def __init_subclass__(cls, **kwargs):
+    cls.name = cls.SOURCE.name
     super().__init_subclass__(**kwargs)
-    cls.MANUAL_DOWNLOAD_INSTRUCTIONS = f"Place {cls.FORMAT} in the manual directory ({cls._layout()})."
-    cls.DESCRIPTION = f"{cls.name} from local files ({cls.FORMAT}), read by {'.'.join(cls.READER)}."
+    cls.MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        f"Place {cls.SOURCE.format} in the manual directory ({cls.SOURCE.layout}).")
+    cls.DESCRIPTION = (f"{cls.name} from local files ({cls.SOURCE.format}), read by "
+                       f"{cls.SOURCE.reader}.")
+    cls.HOMEPAGE = cls.SOURCE.homepage
 
   @classmethod
   def check_manual_dir(cls, manual_dir: str | os.PathLike | None) -> dict[str, str]:
     """The path of every split, or DataError naming the first missing one and the format."""
+    source = cls.SOURCE
     if manual_dir is None:
       raise DataError(f"dataset {cls.name!r} is built from local files; pass manual_dir, a "
-                      f"directory holding {cls.FORMAT} ({cls._layout()})")
-    paths = {split: os.path.join(os.fspath(manual_dir), rel) for split, rel in cls.SPLITS.items()}
+                      f"directory holding {source.format} ({source.layout})")
+    paths = {split: os.path.join(os.fspath(manual_dir), rel) for split, rel in source.splits.items()}
     for path in paths.values():
       if not os.path.exists(path):
-        raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected {cls.FORMAT} "
-                        f"({cls._layout()})")
+        raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected {source.format} "
+                        f"({source.layout})")
     return paths
 
   def _split_generators(self, dl_manager):
@@ -126,53 +169,15 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
     return {split: self._generate_examples(path) for split, path in paths.items()}
 
   def _generate_examples(self, path: str):
-    module, function = self.READER
+    module, function = self.SOURCE.reader.split(":")
     reader = getattr(importlib.import_module(module), function)
     return _examples(reader(path), source=f"{self.name} ({path})")
 
 
-class MathBuilder(LocalFilesBuilder, skip_registration=True):
-  name = "math"
-  READER = ("ksjax.tasks.math_data", "read_math_dir")
-  SPLITS = {"train": "train", "test": "test"}
-  FORMAT = ("MATH's per-problem JSON files (<split>/<subject>/<n>.json with problem, level, "
-            "type, solution)")
-  HOMEPAGE = "https://github.com/hendrycks/math"
-
-
-class Math500Builder(LocalFilesBuilder, skip_registration=True):
-  name = "math500"
-  READER = ("ksjax.tasks.math_data", "read_math500_jsonl")
-  SPLITS = {"test": "test.jsonl"}
-  FORMAT = ("the MATH-500 JSONL file (one object per line: problem, solution, answer, subject, "
-            "level, unique_id)")
-  HOMEPAGE = "https://huggingface.co/datasets/HuggingFaceH4/MATH-500"
-
-
-class HarpBuilder(LocalFilesBuilder, skip_registration=True):
-  name = "harp"
-  READER = ("ksjax.tasks.math_data", "read_harp_jsonl")
-  SPLITS = {"train": "HARP.jsonl"}  # The paper trains on all of HARP.
-  FORMAT = "the HARP JSONL file (one object per line: problem, answer, solution_1.., level, ...)"
-  HOMEPAGE = "https://github.com/aadityasingh/HARP"
-
-
-class CodeContestsBuilder(LocalFilesBuilder, skip_registration=True):
-  name = "code_contests"
-  READER = ("ksjax.tasks.code_data", "read_code_contests")
-  SPLITS = {"train": "train", "valid": "valid", "test": "test"}
-  FORMAT = ("CodeContests problems (name, description, public_tests/private_tests/"
-            "generated_tests, time_limit, memory_limit_bytes, ...) for each split")
-  HOMEPAGE = "https://github.com/google-deepmind/code_contests"
-
-
-class TacoBuilder(LocalFilesBuilder, skip_registration=True):
-  name = "taco"
-  READER = ("ksjax.tasks.code_data", "read_taco")
-  SPLITS = {"train": "train", "test": "test"}
-  FORMAT = ("TACO problems (question, input_output JSON with inputs/outputs/fn_name, "
-            "starter_code, difficulty, ...) for each split")
-  HOMEPAGE = "https://huggingface.co/datasets/BAAI/TACO"
+def local_files_builder(source: LocalFiles) -> type[LocalFilesBuilder]:
+  """The TFDS builder class of `source` (not registered in tfds's global registry)."""
+  return types.new_class(f"LocalFilesBuilder_{source.name}", (LocalFilesBuilder,),
+                         {"skip_registration": True}, lambda ns: ns.update(SOURCE=source))
 
 
 @dataclasses.dataclass(eq=False)
@@ -215,8 +220,7 @@ class SyntheticBuilder(_Builder, skip_registration=True):
 
 
 BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
-    b.name: b for b in (SyntheticBuilder, MathBuilder, Math500Builder, HarpBuilder,
-                        CodeContestsBuilder, TacoBuilder)}
+    "synthetic": SyntheticBuilder, **{s.name: local_files_builder(s) for s in LOCAL_DATASETS}}
 
 
 def make_builder(name: str, *, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
