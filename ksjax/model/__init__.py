@@ -4,7 +4,10 @@ The contract with the sampler and trainer is the surface exported here; see each
 """
 
 from ksjax.model.config import PRESETS, LlamaConfig, from_hf_config, preset, to_hf_config
-from ksjax.model.hf_io import CheckpointError, load_hf, save_hf
+from ksjax.model.checkpoint import CheckpointError
+from ksjax.model.checkpoint import load as load_checkpoint
+from ksjax.model.checkpoint import save as save_checkpoint
+from ksjax.model.hf_io import load_hf, save_hf
 from ksjax.model.llama import Cache, Llama, default_positions, init_cache
 from ksjax.model.logprobs import token_logprobs
 from ksjax.model.sharding import make_mesh, shard
@@ -12,6 +15,6 @@ from ksjax.model.sharding import make_mesh, shard
 __all__ = [
     "PRESETS", "LlamaConfig", "from_hf_config", "preset", "to_hf_config",
     "Cache", "Llama", "default_positions", "init_cache",
-    "CheckpointError", "load_hf", "save_hf",
+    "CheckpointError", "load_checkpoint", "save_checkpoint", "load_hf", "save_hf",
     "make_mesh", "shard", "token_logprobs",
 ]

@@ -30,16 +30,13 @@ from safetensors.numpy import save_file
 
 from ksjax.config_validation import ConfigError
 from ksjax.model import sharding
+from ksjax.model.checkpoint import CheckpointError
 from ksjax.model.config import LlamaConfig, from_hf_config, to_hf_config
 from ksjax.model.llama import Llama
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _MAX_SHARD_BYTES = 5 * 2**30  # as transformers' save_pretrained default
-
-
-class CheckpointError(ValueError):
-  """A checkpoint on disk does not describe the model its config announces."""
 
 
 @dataclasses.dataclass(frozen=True)
