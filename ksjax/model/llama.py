@@ -120,6 +120,16 @@ class Llama(nnx.Module):
     Query t of row b attends slot j iff kv_mask[b, j] and j <= cache_index + t. Returns float32
     logits [B, T, V] and the updated cache (donate the old one under jit).
     """
+    hidden_btd, cache = self.hidden_cached(tokens_bt, positions_bt, cache, cache_index, kv_mask_bs)
+    return self.logits(hidden_btd), cache
+
+  def hidden_cached(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: Cache,
+                    cache_index: jax.Array, kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:
+    """`forward_cached` before the lm head: final-normed hidden states [B, T, D] and the cache.
+
+    A prefill needs the logits of the last prompt position only; taking them from these hidden
+    states avoids forming [B, T, V] (XLA does not slice the lm-head matmul by itself).
+    """
     t = tokens_bt.shape[1]
     s = cache["k"].shape[2]
     slot_s = jnp.arange(s)
@@ -132,4 +142,4 @@ class Llama(nnx.Module):
       x_btd, k_i, v_i = layer.cached(x_btd, cos, sin, mask_bts, k_all[i], v_all[i], cache_index)
       k_all = k_all.at[i].set(k_i)
       v_all = v_all.at[i].set(v_i)
-    return self.logits(self.norm(x_btd)), {"k": k_all, "v": v_all}
+    return self.norm(x_btd), {"k": k_all, "v": v_all}
