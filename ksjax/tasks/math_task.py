@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
-from ksjax.tasks.math_answer import canonical, extract_answer
+from ksjax.tasks.math_answer import canonical, clean_answer, extract_answer
 from ksjax.tasks.math_checker import POISONED, AnswerChecker, CheckerConfig, Verdict
 from ksjax.tasks.math_data import read_records
 from ksjax.tokenization import Tokenizer
@@ -57,7 +57,8 @@ class MathTask(Task):
 
   Args:
     splits: split name -> records (dicts as yielded by `ksjax.tasks.math_data` readers) or a path
-      read with the reader `fmt`.
+      read with the reader `fmt`. May be {} when prompts come from the data pipeline
+      (`prompt_from_record`).
     tokenizer: encodes the prompt text.
     fmt: reader for the splits given as paths: "math_dir", "math500_jsonl" or "harp_jsonl".
     template: prompt text with a "{problem}" field.
@@ -87,20 +88,23 @@ class MathTask(Task):
           raise ValueError(f"split {split!r} is a path; pass fmt= (math_dir, math500_jsonl or "
                            "harp_jsonl) to say how to read it")
         source = read_records(os.fspath(source), fmt)
-      self._records[split] = [self._validated(split, i, r) for i, r in enumerate(source)]
+      self._records[split] = [self._validated(f"split {split!r}, record {i}", r)
+                              for i, r in enumerate(source)]
     self._prompts: dict[str, list[Prompt]] = {}
     self._own_checker = checker is None
     self.checker = checker or AnswerChecker(CheckerConfig(
         workers=workers, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes))
 
   @staticmethod
-  def _validated(split: str, index: int, record: Mapping[str, Any]) -> dict[str, Any]:
+  def _validated(where: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(record, Mapping):
+      raise DataError(f"{where}: a {type(record).__name__}, not a record; expected a dict")
     for key, kind in _REQUIRED.items():
       if not isinstance(record.get(key), kind) or not record[key].strip():
-        raise DataError(f"split {split!r}, record {index}: field {key!r} is {record.get(key)!r}; "
-                        "expected records with non-empty string fields id, problem and answer "
-                        "(as yielded by ksjax.tasks.math_data readers)")
-    return dict(record)
+        raise DataError(f"{where}: field {key!r} is {record.get(key)!r}; expected records with "
+                        "non-empty string fields id, problem and answer (as yielded by "
+                        "ksjax.tasks.math_data readers)")
+    return {**record, "answer": clean_answer(record["answer"])}
 
   def close(self) -> None:
     """Stops the checker's worker processes (if this task started them)."""
@@ -115,13 +119,19 @@ class MathTask(Task):
 
   def prompts(self, split: str) -> Sequence[Prompt]:
     if split not in self._records:
-      raise KeyError(f"task {self.name!r} has no split {split!r}; it has {sorted(self._records)}")
+      raise ValueError(f"split {split!r} is not accepted; task {self.name!r} has "
+                       f"{sorted(self._records)}")
     if split not in self._prompts:
       self._prompts[split] = [self._prompt(r) for r in self._records[split]]
     return self._prompts[split]
 
+  def prompt_from_record(self, record: Mapping[str, Any]) -> Prompt:
+    """The prompt of one record as the data pipeline stores it (a reader's record)."""
+    ident = record.get("id") if isinstance(record, Mapping) else None
+    return self._prompt(self._validated(f"record {ident!r}", record))
+
   def _prompt(self, record: Mapping[str, Any]) -> Prompt:
-    text = self.template.format(problem=record["problem"])
+    text = self.template.replace("{problem}", record["problem"])  # LaTeX braces stay as they are
     metadata = {k: v for k, v in record.items()
                 if k not in ("id", "problem", "answer", "solution") and isinstance(v, (str, int, float))}
     return Prompt(id=record["id"], text=text, tokens=tuple(self.tokenizer.encode(text)),
