@@ -208,9 +208,10 @@ def outputs_match(output: str, expected: str, tolerance: float = FLOAT_TOLERANCE
 
 
 def values_match(got: Any, want: Any, tolerance: float = FLOAT_TOLERANCE) -> bool:
-  """Equality of JSON values for call-based tests, with floats within `tolerance`."""
+  """Equality of JSON values for call-based tests, with floats within `tolerance`; booleans
+  equal only booleans (Python's True == 1 would let `return 1` pass for `true`)."""
   if isinstance(got, bool) or isinstance(want, bool):
-    return got == want
+    return isinstance(got, bool) and isinstance(want, bool) and got == want
   if isinstance(got, (int, float)) and isinstance(want, (int, float)):
     if isinstance(got, int) and isinstance(want, int):
       return got == want
@@ -530,6 +531,8 @@ def _describe(config: SandboxConfig, hello: dict, probe: Result) -> dict[str, An
       "network": "none (empty network namespace)" if "network" in namespaces else "host network",
       "filesystem": ("minimal read-only root, private tmpfs for /tmp and the working directory"
                      if hello.get("minimal_root") else "host file system"),
+      "executables": ("none: directories of binaries are mounted noexec, so no shell or "
+                      "subprocess can start" if hello.get("minimal_root") else "host's"),
       "processes": ("private PID namespace; all processes killed after each test"
                     if "pid" in namespaces else "process group only"),
       "program_uid": hello.get("program_uid"),

@@ -55,10 +55,11 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME = 16384, 1 << 18, 1 << 21
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 
 # What the sandbox's file system holds of the host, read-only (symbolic links are copied).
 SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc")
+EXECUTABLE_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 # /tmp, /var/tmp and /dev/shm are private tmpfs of this size.
 WRITABLE_DIR_BYTES = 4 << 20
@@ -115,9 +116,9 @@ def _statvfs_flags(path):
   return sum(ms for st, ms in pairs if f_flag & st)
 
 
-def _bind_read_only(source, target):
+def _bind_read_only(source, target, flags=0):
   _mount(source, target, None, MS_BIND)
-  _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _statvfs_flags(source))
+  _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _statvfs_flags(source) | flags)
 
 
 def _build_root(root, job):
@@ -137,6 +138,11 @@ def _build_root(root, job):
   if not os.path.isdir(root + prefix) or not os.listdir(root + prefix):
     os.makedirs(root + prefix)
     _bind_read_only(prefix, root + prefix)
+  # Directories of executables are mounted noexec: the interpreter is already running, and no
+  # program needs a shell or another binary (libraries stay executable for extension modules).
+  for directory in EXECUTABLE_DIRS + (prefix + "/bin",):
+    if os.path.isdir(directory) and not os.path.islink(directory) and os.path.isdir(root + directory):
+      _bind_read_only(directory, root + directory, MS_NOEXEC)
   os.makedirs(root + "/dev/shm")
   for device in DEVICES:
     open(root + "/dev/" + device, "w").close()
@@ -326,16 +332,34 @@ def _reap_namespace():
       return
 
 
-def _reap_group(pid):
-  """Without a PID namespace: kill the test's process group (best effort) and reap the child."""
+def _reap_children(pid):
+  """Without a PID namespace: the runner is a child subreaper, so every process the test left
+  (after setsid or a double fork too) is re-parented to it. Kill and reap its children until
+  none remain."""
   try:
     os.killpg(pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
     pass
+  me = str(os.getpid())
+  while True:
+    for child in os.listdir("/proc"):
+      if child.isdigit() and _ppid_of(child) == me:
+        try:
+          os.kill(int(child), signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+    try:
+      os.waitpid(-1, 0)
+    except ChildProcessError:
+      return
+
+
+def _ppid_of(pid):
   try:
-    os.waitpid(pid, 0)
-  except ChildProcessError:
-    pass
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[1]
+  except (OSError, IndexError):
+    return None
 
 
 # The running test's pid, for the SIGTERM handler of a runner without a PID namespace.
@@ -344,7 +368,7 @@ _current_test = [0]
 
 def _stop_without_namespace(*_):
   if _current_test[0]:
-    _reap_group(_current_test[0])
+    _reap_children(_current_test[0])
   os._exit(1)
 
 
@@ -371,7 +395,7 @@ def _run_test(job, index, input_bytes, in_pid_namespace):
   if in_pid_namespace:
     _reap_namespace()
   else:
-    _reap_group(pid)
+    _reap_children(pid)
   _current_test[0] = 0
   status, usage = waited
   cpu = usage.ru_utime + usage.ru_stime
@@ -411,6 +435,7 @@ def _init(job, report, out):
       report["errors"].append(str(e))
       report["minimal_root"] = False
   else:
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGTERM, _stop_without_namespace)
   _prctl(PR_SET_DUMPABLE, 0)  # no /proc/<pid>/fd or ptrace into the runner for anyone unprivileged
   job["in_user_namespace"] = "user" in report["namespaces"]

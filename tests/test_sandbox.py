@@ -1,0 +1,476 @@
+"""The sandbox: output comparison, correctness on honest programs, and the adversarial suite.
+
+Every adversarial program must end in a failing result within its limits, leave no process and no
+file behind, and leave this (the calling) process unharmed. Where an attack could make a program
+print the expected output (a leaked secret, a reachable socket), the expected output is exactly
+what the attack would reveal, so a leak would turn the result into a pass.
+"""
+
+import os
+import resource
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from ksjax.tasks import sandbox as sb
+
+A_PLUS_B = "a, b = map(int, input().split())\nprint(a + b)\n"
+ADDITION_TESTS = [{"input": f"{a} {b}\n", "output": f"{a + b}\n"} for a, b in
+                  [(1, 2), (10, 20), (-5, 5), (123456789, 987654321), (0, 0)]]
+# Generous for a loaded shared machine: the slowest attack (wall clock of a sleeping program,
+# 1 s CPU * 1.5 + 0.5 s) ends in 2 s of its own.
+ATTACK_SECONDS = 8.0
+
+
+@pytest.fixture(scope="module")
+def temp_root(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("sandbox_root"))
+
+
+@pytest.fixture(scope="module")
+def sandbox(temp_root):
+  config = sb.SandboxConfig(workers=2, time_limit_s=1.0, wall_time_factor=1.5,
+                            wall_time_slack_s=0.5, program_timeout_s=20.0,
+                            memory_bytes=128 << 20, output_bytes=1 << 20, scratch_bytes=4 << 20,
+                            processes=8, temp_root=temp_root)
+  with sb.Sandbox(config) as box:
+    yield box
+
+
+@pytest.fixture(scope="module")
+def report(sandbox):
+  return sandbox.isolation_report()
+
+
+def _status_field(pid: str, field: str) -> int | None:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    return None
+  return None
+
+
+def _cmdline(pid: str) -> bytes:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read()
+  except OSError:
+    return b""
+
+
+def _leftovers(sandbox: sb.Sandbox) -> list[str]:
+  """Processes running as one of this sandbox's uids (as root), and runners descending from this
+  process. (Other children of this process, e.g. another module's worker pool, do not count.)"""
+  pids = [pid for pid in os.listdir("/proc") if pid.isdigit()]
+  parent = {pid: str(_status_field(pid, "PPid")) for pid in pids}
+
+  def descends_from_us(pid):
+    for _ in range(64):
+      pid = parent.get(pid)
+      if pid is None:
+        return False
+      if pid == str(os.getpid()):
+        return True
+    return False
+
+  uids = set(sandbox.uids()) if os.geteuid() == 0 else set()
+  return [pid for pid in pids if _status_field(pid, "Uid") in uids or (
+      b"sandbox_runner" in _cmdline(pid) and descends_from_us(pid))]
+
+
+def _assert_contained(sandbox: sb.Sandbox, temp_root: str) -> None:
+  deadline = time.monotonic() + 3.0  # an init killed by its parent's death exits asynchronously
+  while _leftovers(sandbox) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert _leftovers(sandbox) == []
+  assert os.listdir(temp_root) == []  # working directories and stderr files are gone
+
+
+def _run_attack(sandbox, temp_root, program, tests=None, fn_name=None) -> sb.Result:
+  tests = tests or [{"input": "1 2\n", "output": "3\n"}]
+  start = time.monotonic()
+  result = sandbox.run(sb.Job(program=program, tests=tests, fn_name=fn_name))
+  elapsed = time.monotonic() - start
+  assert not result.passed
+  assert result.verdict != "sandbox_error", result.detail
+  assert elapsed < ATTACK_SECONDS
+  _assert_contained(sandbox, temp_root)
+  # The sandbox still works afterwards.
+  assert sandbox.run(sb.Job(program=A_PLUS_B, tests=ADDITION_TESTS)).passed
+  return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Output comparison (pure functions).
+
+
+@pytest.mark.parametrize("output, expected, match", [
+    ("3\n", "3", True),
+    ("  1 2\n3  \n\n", "1 2 3", True),  # whitespace-separated tokens, line breaks free
+    ("YES", "yes", True),  # case-insensitive, as the CodeContests checker
+    ("1 2", "1 2 3", False),
+    ("", "0", False),
+    ("0.3333343", "0.333333", True),  # within 1e-5 absolutely
+    ("0.33335", "0.33333", False),
+    ("123456789.5", "123456790.0", True),  # within 1e-5 relatively
+    ("1e-7", "0", True),
+    ("1.00002", "1", False),
+    ("3.0", "3", True),  # a float and an integer token compare as numbers
+    ("100000000000000000001", "100000000000000000000", False),  # integers exactly, any size
+    ("-0", "0", True),
+    ("nan", "nan", True),
+    ("nan", "0", False),
+    ("inf", "1e400", False),
+    ("1_000", "1000", False),  # not a number token in the checker's sense
+    ("abc", "abd", False),
+])
+def test_outputs_match(output, expected, match):
+  assert sb.outputs_match(output, expected) is match
+
+
+@pytest.mark.parametrize("got, want, match", [
+    (3, [3], True),  # APPS/TACO wrap return values in a list
+    ([3], [3], True),
+    ([1, 2], [[1, 2]], True),
+    ([1, 2], [1, 2, 3], False),
+    (0.1 + 0.2, 0.3, True),
+    (1.0, 1.1, False),
+    (True, 1, False),
+    ({"a": [1.0000001]}, {"a": [1]}, True),
+    ("x", "X", False),
+    (None, None, True),
+])
+def test_call_result_matches(got, want, match):
+  assert sb.call_result_matches(got, want) is match
+
+
+# ---------------------------------------------------------------------------------------------
+# Honest programs.
+
+
+def test_correct_program_passes_every_test(sandbox, temp_root):
+  result = sandbox.run(sb.Job(program=A_PLUS_B, tests=ADDITION_TESTS))
+  assert result.passed and result.verdict == "passed"
+  assert result.tests_run == len(ADDITION_TESTS)
+  _assert_contained(sandbox, temp_root)
+
+
+def test_wrong_answer_fails_at_the_first_failing_test(sandbox):
+  program = "a, b = map(int, input().split())\nprint(a + b if a != 10 else 0)\n"
+  result = sandbox.run(sb.Job(program=program, tests=ADDITION_TESTS))
+  assert not result.passed and result.verdict == "wrong_answer"
+  assert result.tests_run == 2  # test 1 (10 20) fails; tests 2.. never run
+
+
+def test_runtime_error_and_syntax_error(sandbox):
+  crash = sandbox.run(sb.Job(program="print(1 // 0)", tests=ADDITION_TESTS))
+  assert crash.verdict == "runtime_error" and "ZeroDivisionError" in crash.detail
+  syntax = sandbox.run(sb.Job(program="print(", tests=ADDITION_TESTS))
+  assert syntax.verdict == "runtime_error" and "SyntaxError" in syntax.detail
+
+
+def test_float_output_within_tolerance_passes(sandbox):
+  program = "n = int(input())\nprint(f'{1 / n:.7f}')\n"
+  tests = [{"input": f"{n}\n", "output": f"{1 / n:.12f}\n"} for n in (3, 7, 9)]
+  assert sandbox.run(sb.Job(program=program, tests=tests)).passed
+  rounded = "n = int(input())\nprint(f'{1 / n:.3f}')\n"  # off by more than 1e-5
+  assert sandbox.run(sb.Job(program=rounded, tests=tests)).verdict == "wrong_answer"
+
+
+def test_each_test_starts_fresh(sandbox):
+  # Module state does not carry over: every test runs in a fresh child of the runner.
+  program = ("import sys\ncount = getattr(sys, 'seen', 0) + 1\nsys.seen = count\n"
+             "input()\nprint(count)\n")
+  tests = [{"input": "x\n", "output": "1\n"}] * 3
+  assert sandbox.run(sb.Job(program=program, tests=tests)).passed
+
+
+def test_threads_for_deep_recursion_work(sandbox):
+  # A common competitive-programming idiom: a thread with a big stack for deep recursion.
+  program = (
+      "import sys, threading\nsys.setrecursionlimit(100000)\nthreading.stack_size(64 << 20)\n"
+      "def depth(n):\n  return 0 if n == 0 else 1 + depth(n - 1)\n"
+      "def main():\n  print(depth(int(input())))\n"
+      "t = threading.Thread(target=main)\nt.start()\nt.join()\n")
+  tests = [{"input": "20000\n", "output": "20000\n"}]
+  assert sandbox.run(sb.Job(program=program, tests=tests)).passed
+
+
+CALL_TESTS = [{"input": [2, 3], "output": [5]}, {"input": [10, -4], "output": [6]},
+              {"input": [0, 0], "output": [0]}]
+
+
+@pytest.mark.parametrize("program, verdict", [
+    ("def add(a, b):\n  return a + b\n", "passed"),
+    ("class Solution:\n  def add(self, a, b):\n    print('debug output is ignored')\n"
+     "    return a + b\n", "passed"),
+    ("def add(a, b):\n  return (a + b,)\n", "passed"),  # a tuple is a list after JSON
+    ("def add(a, b):\n  return a - b\n", "wrong_answer"),
+    ("def plus(a, b):\n  return a + b\n", "runtime_error"),  # no function `add`
+    ("def add(a, b):\n  return {a + b}\n", "runtime_error"),  # a set is not JSON
+    ("import sys\nsys.exit(0)\ndef add(a, b):\n  return a + b\n", "runtime_error"),
+])
+def test_call_based(sandbox, program, verdict):
+  result = sandbox.run(sb.Job(program=program, tests=CALL_TESTS, fn_name="add"))
+  assert result.verdict == verdict, result.detail
+  assert result.passed == (verdict == "passed")
+
+
+def test_identical_behaviour_has_identical_digest(sandbox):
+  tests = ADDITION_TESTS
+  zero = sandbox.run(sb.Job(program="input()\nprint(0)", tests=tests))
+  zero_too = sandbox.run(sb.Job(program="input()\nprint('0 ')", tests=tests))
+  one = sandbox.run(sb.Job(program="input()\nprint(1)", tests=tests))
+  assert zero.behaviour == zero_too.behaviour != one.behaviour
+
+
+def test_isolation_report(report):
+  assert report["probe"] == "passed"
+  assert report["level"] in ("full", "partial", "rlimits_only")
+  assert report["rlimits"]["nproc"] == 8 and report["rlimits"]["core"] == 0
+  if os.geteuid() == 0:
+    # As root on Linux every namespace is available; anything less is a regression.
+    assert report["level"] == "full", report
+    assert {"network", "pid", "mount"} <= set(report["namespaces"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The adversarial suite.
+
+
+def test_fork_bomb(sandbox, temp_root):
+  program = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
+  result = _run_attack(sandbox, temp_root, program)
+  assert result.verdict == "time_limit"
+
+
+def test_fork_bomb_does_not_starve_a_concurrent_program(sandbox, temp_root):
+  bomb = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
+  honest = "import os, time\ntime.sleep(0.3)\npid = os.fork()\nif pid == 0:\n  os._exit(0)\n" \
+           "os.waitpid(pid, 0)\n" + A_PLUS_B
+  results = sandbox.run_many([sb.Job(program=bomb, tests=ADDITION_TESTS[:1]),
+                              sb.Job(program=honest, tests=ADDITION_TESTS)])
+  assert [r.passed for r in results] == [False, True]
+  _assert_contained(sandbox, temp_root)
+
+
+def test_infinite_loop(sandbox, temp_root):
+  assert _run_attack(sandbox, temp_root, "while True:\n  pass\n").verdict == "time_limit"
+
+
+def test_sleeping_program_hits_the_wall_clock(sandbox, temp_root):
+  assert _run_attack(sandbox, temp_root, "import time\ntime.sleep(1000)\n").verdict == "time_limit"
+
+
+def test_memory_hog(sandbox, temp_root):
+  program = "hog = []\nwhile True:\n  hog.append(bytearray(16 << 20))\n"
+  result = _run_attack(sandbox, temp_root, program)
+  assert result.verdict == "runtime_error" and "MemoryError" in result.detail
+
+
+def test_gigabyte_of_output(sandbox, temp_root):
+  program = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n  sys.stdout.write(chunk)\n"
+  rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+  start = time.monotonic()
+  result = _run_attack(sandbox, temp_root, program)
+  assert result.verdict in ("output_limit", "runtime_error")  # killed by SIGXFSZ or EFBIG
+  assert time.monotonic() - start < 5.0  # stopped at 1 MiB, not after writing a gigabyte
+  assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 << 10
+
+
+def test_disk_hog_is_bounded(sandbox, temp_root):
+  program = ("import os\nwritten = 0\n"
+             "for directory in ('.', '/tmp', '/dev/shm', '/var/tmp'):\n"
+             "  for i in range(200):\n"
+             "    try:\n"
+             "      with open(os.path.join(directory, f'f{i}'), 'wb') as f:\n"
+             "        f.write(b'x' * (1 << 20))\n"
+             "      written += 1\n"
+             "    except OSError:\n"
+             "      break\n"
+             "print('wrote', written, 'MiB')\n")
+  # Passing would need 800 MiB written; the scratch tmpfs holds 4 MiB, the others 4 MiB each.
+  _run_attack(sandbox, temp_root, program, tests=[{"input": "", "output": "wrote 800 MiB"}])
+
+
+def test_writing_outside_the_temporary_directory(sandbox, temp_root, tmp_path):
+  name = f"ksjax-escape-{uuid.uuid4().hex}"
+  targets = [str(tmp_path / name), f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}",
+             os.path.join(temp_root, name), f"/{name}", os.path.join(os.getcwd(), name)]
+  program = (f"import os\ntargets = {targets!r}\nwritten = []\n"
+             "for path in targets + ['../' + targets[0].rsplit('/', 1)[1]]:\n"
+             "  try:\n"
+             "    with open(path, 'w') as f:\n"
+             "      f.write('escaped')\n"
+             "    written.append(path)\n"
+             "  except OSError:\n"
+             "    pass\n"
+             "print(len(written))\n")
+  try:
+    # Passing would need every write to land on the host.
+    _run_attack(sandbox, temp_root, program, tests=[{"input": "", "output": str(len(targets) + 1)}])
+    assert [t for t in targets if os.path.exists(t)] == []
+  finally:
+    for target in targets:
+      if os.path.exists(target):
+        os.remove(target)
+
+
+def test_reading_the_parents_environment(sandbox, temp_root, monkeypatch):
+  secret = uuid.uuid4().hex
+  monkeypatch.setenv("KSJAX_SANDBOX_SECRET", secret)
+  program = (
+      "import os\nfound = os.environ.get('KSJAX_SANDBOX_SECRET', '')\n"
+      f"for pid in ({os.getpid()}, os.getppid(), 1, 'self'):\n"
+      "  try:\n"
+      "    for item in open(f'/proc/{pid}/environ', 'rb').read().split(b'\\0'):\n"
+      "      if item.startswith(b'KSJAX_SANDBOX_SECRET='):\n"
+      "        found = item.split(b'=', 1)[1].decode()\n"
+      "  except OSError:\n"
+      "    pass\n"
+      "print(found or 'nothing')\n")
+  result = _run_attack(sandbox, temp_root, program, tests=[{"input": "", "output": secret}])
+  assert result.verdict == "wrong_answer"
+  assert os.environ["KSJAX_SANDBOX_SECRET"] == secret  # and ours is untouched
+
+
+def test_opening_sockets(sandbox, temp_root, report):
+  if "network" not in report["namespaces"]:
+    pytest.skip(f"no network namespace on this host: {report['errors']}")
+  connections = []
+  tcp = socket.create_server(("127.0.0.1", 0))
+  unix = socket.socket(socket.AF_UNIX)
+  abstract = f"ksjax-sandbox-test-{uuid.uuid4().hex}"
+  unix.bind("\0" + abstract)
+  unix.listen()
+  for server in (tcp, unix):
+    server.settimeout(0.2)
+
+  def accept(server):
+    deadline = time.monotonic() + ATTACK_SECONDS
+    while time.monotonic() < deadline:
+      try:
+        connections.append(server.accept())
+      except (TimeoutError, OSError):
+        pass
+
+  threads = [threading.Thread(target=accept, args=(s,), daemon=True) for s in (tcp, unix)]
+  for thread in threads:
+    thread.start()
+  program = (
+      "import socket\nreached = []\n"
+      "try:\n"
+      f"  socket.create_connection(('127.0.0.1', {tcp.getsockname()[1]}), timeout=1)\n"
+      "  reached.append('tcp')\n"
+      "except OSError:\n"
+      "  pass\n"
+      "try:\n"
+      "  u = socket.socket(socket.AF_UNIX)\n"
+      f"  u.connect('\\0{abstract}')\n"
+      "  reached.append('unix')\n"
+      "except OSError:\n"
+      "  pass\n"
+      "try:\n"
+      "  socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53))\n"
+      "  reached.append('udp')\n"
+      "except OSError:\n"
+      "  pass\n"
+      "print(' '.join(reached) or 'offline')\n")
+  try:
+    result = _run_attack(sandbox, temp_root, program,
+                         tests=[{"input": "", "output": "tcp unix udp"}])
+    assert result.verdict == "wrong_answer"
+    time.sleep(0.3)
+    assert connections == []
+  finally:
+    tcp.close()
+    unix.close()
+
+
+def test_signalling_the_parent_and_the_test_runner(sandbox, temp_root):
+  program = (
+      "import os, signal\nhit = []\n"
+      f"for pid in (os.getppid(), {os.getpid()}, {os.getppid()}, 1, -1):\n"
+      "  for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n"
+      "    try:\n"
+      "      os.kill(pid, sig)\n"
+      "      hit.append(pid)\n"
+      "    except OSError:\n"
+      "      pass\n"
+      "print('signalled', len(hit), flush=True)\n"
+      # The runner's group is outside the PID namespace: getpgid gives 0, the program's own.
+      "os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)\n")
+  result = _run_attack(sandbox, temp_root, program, tests=[{"input": "", "output": "signalled 15"}])
+  assert result.verdict in ("wrong_answer", "runtime_error")
+
+
+def test_os_system_and_subprocess(sandbox, temp_root, tmp_path):
+  marker = tmp_path / "spawned"
+  program = (
+      "import os, subprocess\nstarted = []\n"
+      f"if os.system('sleep 1000 & touch {marker}') == 0:\n"
+      "  started.append('system')\n"
+      "try:\n"
+      "  subprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
+      "  started.append('popen')\n"
+      "except OSError:\n"
+      "  pass\n"
+      "try:\n"
+      "  out = subprocess.run(['echo', '3'], capture_output=True).stdout.decode()\n"
+      "  started.append(out.strip())\n"
+      "except OSError:\n"
+      "  pass\n"
+      "print(' '.join(started))\n")
+  _run_attack(sandbox, temp_root, program, tests=[{"input": "", "output": "system popen 3"}])
+  assert not marker.exists()
+
+
+def test_background_processes_end_with_their_test(sandbox, temp_root):
+  # A forked daemon (no exec needed) that outlives the program's main process.
+  program = ("import os, time\nif os.fork() == 0:\n  os.setsid()\n  time.sleep(1000)\n"
+             "print(0)\n")
+  _run_attack(sandbox, temp_root, program)
+
+
+@pytest.mark.parametrize("program", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n"])
+def test_exit_before_any_test_runs_fails(sandbox, temp_root, program):
+  result = _run_attack(sandbox, temp_root, program, tests=ADDITION_TESTS)
+  assert result.verdict == "wrong_answer" and result.tests_run == 1
+
+
+def test_ctypes_privilege_escalation(sandbox, temp_root):
+  program = (
+      "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\ngained = []\n"
+      "if libc.setuid(0) == 0:\n  gained.append('root')\n"
+      "if libc.unshare(0x10000000) == 0:\n  gained.append('userns')\n"  # CLONE_NEWUSER
+      "if libc.chroot(b'/') == 0:\n  gained.append('chroot')\n"
+      "if libc.kill(-1, 9) == 0:\n  gained.append('kill')\n"
+      "if libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0:\n  gained.append('mount')\n"
+      "print(' '.join(gained) or 'contained')\n")
+  result = _run_attack(sandbox, temp_root, program,
+                       tests=[{"input": "", "output": "root userns chroot kill mount"}])
+  assert result.verdict == "wrong_answer"
+
+
+def test_ctypes_segfault(sandbox, temp_root):
+  result = _run_attack(sandbox, temp_root, "import ctypes\nctypes.string_at(0)\n")
+  assert result.verdict == "runtime_error"
+
+
+def test_program_timeout_kills_the_whole_sandbox(temp_root):
+  config = sb.SandboxConfig(workers=1, time_limit_s=1.0, wall_time_factor=1.0,
+                            wall_time_slack_s=0.5, program_timeout_s=1.5, temp_root=temp_root)
+  with sb.Sandbox(config) as box:
+    program = "import time\ntime.sleep(0.4)\n" + A_PLUS_B
+    start = time.monotonic()
+    result = box.run(sb.Job(program=program, tests=ADDITION_TESTS * 4))
+    assert result.verdict == "time_limit" and not result.passed
+    assert 1.5 <= time.monotonic() - start < 5.0
+    assert 0 < result.tests_run < len(ADDITION_TESTS) * 4
+    _assert_contained(box, temp_root)
