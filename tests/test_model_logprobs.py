@@ -38,9 +38,10 @@ def test_chunked_equals_direct(tied, temperature, seq_chunk, vocab_chunk):
   cfg = model.preset("tiny", tie_embeddings=tied)
   llama = model.Llama(cfg, rngs=nnx.Rngs(1))
   tokens, mask = _batch(cfg.vocab_size)
-  logp, ent = model.token_logprobs(llama, tokens, mask, temperature=temperature,
-                                   seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
-  ref_logp, ref_ent = _direct(llama, tokens, mask, temperature)
+  logp, ent = nnx.jit(lambda m, t, k: model.token_logprobs(
+      m, t, k, temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk))(
+          llama, tokens, mask)
+  ref_logp, ref_ent = nnx.jit(lambda m, t, k: _direct(m, t, k, temperature))(llama, tokens, mask)
   assert logp.dtype == ent.dtype == jnp.float32 and logp.shape == tokens.shape
   np.testing.assert_allclose(logp, ref_logp, atol=1e-5, rtol=0)
   np.testing.assert_allclose(ent, ref_ent, atol=1e-5, rtol=0)
@@ -57,7 +58,7 @@ def test_gradients_equal_those_of_the_direct_computation():
     def f(m):
       logp, ent = fn(m)
       return (weights * logp).sum() + 0.1 * ent.sum()
-    return nnx.grad(f)(llama)
+    return nnx.jit(nnx.grad(f))(llama)
 
   got = loss(lambda m: model.token_logprobs(m, tokens, mask, seq_chunk=4, vocab_chunk=96))
   ref = loss(lambda m: _direct(m, tokens, mask, 1.0))

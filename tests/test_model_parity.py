@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from ksjax import model  # noqa: E402
 
@@ -23,6 +24,12 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 # (num_kv_heads, tied embeddings, llama3 rope scaling): covers kv in {1, 2, 4}, tied/untied and
 # scaling on/off without the full product.
 CASES = [(1, True, True), (2, False, False), (4, False, True), (2, True, False)]
+
+
+@nnx.jit
+def forward(llama, tokens, mask=None):
+  """The model under jit: eager dispatch compiles every op separately and is slower in tests."""
+  return llama(tokens, attention_mask=mask)
 
 
 def hf_model(kv_heads: int, tied: bool, scaling: bool, seed: int = 0):
@@ -79,7 +86,7 @@ def test_load_hf_matches_transformers_on_left_padded_batch(saved):
   assert (cfg.rope_scaling_dict is not None) == scaling
   assert cfg.rope_theta == 5000.0
   tokens, mask = left_padded_batch()
-  ours = np.asarray(llama(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
+  ours = np.asarray(forward(llama, jnp.asarray(tokens), jnp.asarray(mask)))
   assert ours.dtype == np.float32 and ours.shape == tokens.shape + (VOCAB,)
   ref = hf_logits(hf, tokens, mask)
   assert np.abs(ref).max() > 0.1  # the comparison is not between near-zero logits
@@ -103,7 +110,7 @@ def test_forward_cached_prefill_then_decode_equals_full_forward(saved):
   llama, cfg = model.load_hf(path)
   tokens, mask = left_padded_batch(seed=2, t=12)
   prompt_len, steps = 8, 4
-  full = np.asarray(llama(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
+  full = np.asarray(forward(llama, jnp.asarray(tokens), jnp.asarray(mask)))
   positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
 
   cache = model.init_cache(cfg, batch_size=tokens.shape[0], max_len=16)

@@ -1,0 +1,63 @@
+"""Behaviour of the Llama module beyond reference parity: padding invariance, value head, remat,
+bfloat16 compute."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ksjax import model
+
+CFG = model.preset("tiny", vocab_size=128)
+
+
+@nnx.jit
+def forward(llama, tokens, mask=None):
+  """The model under jit: eager dispatch compiles every op separately and is slower in tests."""
+  return llama(tokens, attention_mask=mask)
+
+
+def test_left_padding_does_not_change_the_logits_of_real_tokens():
+  llama = model.Llama(CFG, rngs=nnx.Rngs(0))
+  tokens = jnp.asarray(np.random.RandomState(0).randint(0, 128, (1, 7)), jnp.int32)
+  padded = jnp.concatenate([jnp.zeros((1, 5), jnp.int32), tokens], axis=1)
+  mask = jnp.asarray([[0] * 5 + [1] * 7])
+  np.testing.assert_allclose(forward(llama, padded, mask)[:, 5:], forward(llama, tokens),
+                             atol=1e-5, rtol=0)
+
+
+def test_value_head_gives_float32_scalars_per_token():
+  llama = model.Llama(dataclasses.replace(CFG, value_head=True), rngs=nnx.Rngs(0))
+  tokens = jnp.zeros((2, 5), jnp.int32)
+  values = nnx.jit(lambda m, t: m.value(m.hidden(t)))(llama, tokens)
+  assert values.shape == (2, 5) and values.dtype == jnp.float32
+  with pytest.raises(ValueError, match="value_head"):
+    model.Llama(CFG, rngs=nnx.Rngs(0)).value(llama.hidden(tokens))
+
+
+def test_remat_changes_neither_logits_nor_gradients():
+  tokens = jnp.asarray(np.random.RandomState(1).randint(0, 128, (2, 6)), jnp.int32)
+  loss = lambda m: jnp.sum(m(tokens) ** 2)
+  plain = model.Llama(CFG, rngs=nnx.Rngs(0))
+  remat = model.Llama(dataclasses.replace(CFG, remat=True), rngs=nnx.Rngs(0))
+  grad = nnx.jit(nnx.grad(loss))
+  g_plain, g_remat = grad(plain), grad(remat)
+  for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)  # same maths, other fusion order
+
+
+def test_bfloat16_params_and_compute_stay_close_to_float32():
+  tokens = jnp.asarray(np.random.RandomState(2).randint(0, 128, (2, 6)), jnp.int32)
+  f32 = model.Llama(CFG, rngs=nnx.Rngs(0))
+  bf16 = model.Llama(dataclasses.replace(CFG, param_dtype="bfloat16", dtype="bfloat16"),
+                     rngs=nnx.Rngs(0))
+  nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(f32, nnx.Param)))
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(bf16, nnx.Param)))
+  logits = forward(bf16, tokens)
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, forward(f32, tokens), atol=0.02)
+  cache = model.init_cache(bf16.cfg, batch_size=2, max_len=8)
+  assert cache["k"].dtype == jnp.bfloat16
