@@ -172,7 +172,7 @@ ADVERSARIAL = {
 
 @pytest.fixture(scope="module")
 def hardened():
-  config = CheckerConfig(workers=2, timeout_s=TIMEOUT_S, kill_grace_s=0.5,
+  config = CheckerConfig(workers=2, timeout_s=TIMEOUT_S, kill_grace_s=0.25,
                          memory_limit_bytes=MEMORY_LIMIT, max_answer_chars=None)
   with AnswerChecker(config) as c:
     yield c
@@ -224,6 +224,7 @@ def test_too_long_answers_are_rejected_unparsed(checker):
 def test_frozen_worker_is_killed_and_replaced(hardened):
   """A worker stuck where no signal handler runs (here: SIGSTOP, as inside long C code) is
   SIGKILLed by the parent at timeout + grace and replaced."""
+  hardened.start()  # both workers ready (replacements from earlier tests may still be starting)
   old = hardened.worker_pids()
   kills = hardened.stats["hard_kills"]
   for pid in old:
@@ -239,6 +240,7 @@ def test_frozen_worker_is_killed_and_replaced(hardened):
 
 
 def test_crashed_worker_counts_as_wrong_and_is_replaced(hardened):
+  hardened.start()
   old = hardened.worker_pids()
   timers = [threading.Timer(0.2, os.kill, (pid, signal.SIGSEGV)) for pid in old]
   for t in timers:

@@ -8,6 +8,7 @@ import pytest
 
 from ksjax.tasks.base import DataError
 from ksjax.tasks.math_answer import extract_answer
+from ksjax.tasks.math_checker import Verdict
 from ksjax.tasks.math_data import read_harp_jsonl
 from ksjax.tasks.math_task import MathTask
 from ksjax.tasks.synthetic import make_tokenizer
@@ -127,3 +128,57 @@ def test_bad_construction(tokenizer, task):
     MathTask({}, tokenizer, template="no field", checker=task.checker)
   with pytest.raises(ValueError, match="1 prompts but 2 completion groups"):
     task.score(task.prompts("test"), [["a"], ["b"]])
+
+
+class ScriptedChecker:
+  """Stands in for AnswerChecker with verdicts chosen by the test, recording every pair asked."""
+
+  def __init__(self, verdict):
+    self.verdict = verdict
+    self.pairs = []
+
+  def check(self, pairs):
+    self.pairs.extend(pairs)
+    return [self.verdict(g, p) for g, p in pairs]
+
+
+def _scripted_score(tokenizer, verdict, answers):
+  checker = ScriptedChecker(verdict)
+  task = MathTask({"t": [{"id": "0", "problem": "p", "answer": "G"}]}, tokenizer, checker=checker)
+  [score] = task.score(task.prompts("t"), [[f"The final answer is {a}." for a in answers]])
+  return score, checker.pairs
+
+
+def test_classes_merge_through_representatives(tokenizer):
+  equal = {frozenset(("b", "b2")), frozenset(("c", "c2")), frozenset(("G", "g"))}
+
+  def verdict(x, y):
+    return Verdict.EQUAL if frozenset((x, y)) in equal else Verdict.DIFFERENT
+
+  score, pairs = _scripted_score(tokenizer, verdict, ["a", "b", "g", "c", "b2", "c2", "a"])
+  assert score.correct.tolist() == [False, False, True, False, False, False, False]
+  assert score.answer_ids.tolist() == [0, 1, 2, 3, 1, 3, 0]
+  # Each distinct answer once against the gold; each distinct wrong answer against the
+  # representative of every wrong class so far (one parallel batch per round), b2 and c2 not
+  # becoming representatives since they joined classes.
+  gold_pairs = [p for p in pairs if p[0] == "G"]
+  assert sorted(gold_pairs) == [("G", x) for x in ["a", "b", "b2", "c", "c2", "g"]]
+  assert sorted(p for p in pairs if p[0] != "G") == [
+      ("a", "b"), ("a", "b2"), ("a", "c"), ("a", "c2"), ("b", "b2"), ("b", "c"), ("b", "c2"),
+      ("c", "b2"), ("c", "c2")]
+
+
+def test_a_hostile_answer_costs_one_pairwise_timeout(tokenizer):
+  """An answer that hangs every pairwise comparison (though not the gold check) is dropped from
+  comparisons after its first timeout, with its partner: no merges through it, rewards intact."""
+
+  def verdict(x, y):
+    if "h" in (x, y) and "G" not in (x, y):
+      return Verdict.TIMEOUT
+    return Verdict.EQUAL if {x, y} == {"x1", "x1b"} else Verdict.DIFFERENT
+
+  score, pairs = _scripted_score(tokenizer, verdict, ["h", "x1", "x2", "x1b", "x3"])
+  assert sum("h" in p for p in pairs if p[0] != "G") == 1  # (h, x1) only
+  # x1 was in the timed-out pair, so x1b no longer merges with it: its own class.
+  assert score.answer_ids.tolist() == [0, 1, 2, 3, 4]
+  assert score.rewards.tolist() == [-1.0] * 5

@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import logging
 import math
 import multiprocessing
@@ -173,13 +174,21 @@ def _exact_number_eq(a, b) -> bool:
 _WRAP = "\\boxed{{{}}}"  # parse() extracts the boxed expression: the answer as a whole.
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse(answer: str) -> tuple:
+  """math-verify's parse of one answer, cached: a gold is checked against every answer of its
+  group, and class checks reuse answers. Parsing is most of a check's cost. SymPy expressions are
+  immutable, so sharing them is safe; a parse interrupted by the timer raises and is not cached."""
+  import math_verify  # pylint: disable=import-outside-toplevel
+  return tuple(math_verify.parse(_WRAP.format(answer), parsing_timeout=None))
+
+
 def _check_pair(gold: str, prediction: str) -> Verdict:
   import math_verify  # pylint: disable=import-outside-toplevel
-  parsed_gold = math_verify.parse(_WRAP.format(gold), parsing_timeout=None)
-  parsed_pred = math_verify.parse(_WRAP.format(prediction), parsing_timeout=None)
+  parsed_gold, parsed_pred = _parse(gold), _parse(prediction)
   if not parsed_gold or not parsed_pred:
     return Verdict.UNPARSABLE
-  equal = math_verify.verify(parsed_gold, parsed_pred, timeout_seconds=None)
+  equal = math_verify.verify(list(parsed_gold), list(parsed_pred), timeout_seconds=None)
   return Verdict.EQUAL if equal else Verdict.DIFFERENT
 
 
@@ -198,13 +207,13 @@ def _on_alarm(signum, frame):
 def _worker_main(conn, timeout_s: float, hard_timeout_s: float, memory_limit_bytes: int) -> None:
   """Worker loop: receive (task id, gold, prediction), reply (task id, verdict)."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it closes the pool.
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  _, as_hard = resource.getrlimit(resource.RLIMIT_AS)
-  resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, as_hard))
+  signal.signal(signal.SIGALRM, _on_alarm)
   logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # timeouts are reported by verdict.
   logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
-  signal.signal(signal.SIGALRM, _on_alarm)
   try:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, as_hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, as_hard))
     _install_exact_numbers()
     if _check_pair("\\frac{1}{2}", "0.5") != Verdict.EQUAL:  # Warm-up: lazy imports, regexes.
       raise RuntimeError("math-verify failed its warm-up check 1/2 == 0.5")

@@ -11,8 +11,9 @@ Scoring a group of n completions (one prompt):
    `verify(representative, answer)`, each new answer compared with one representative per existing
    class (at most d(d-1)/2 checks for d distinct wrong answers, all groups advancing in lock-step so
    each round is one parallel batch). Answers that timed out, crashed or did not parse against the
-   gold are not compared again: each forms a class of its textually identical answers.
-   Within a class all rewards are equal by construction.
+   gold, and both answers of a pairwise check that timed out or crashed, are not compared again:
+   each forms a class of its textually identical answers (a missed merge costs a vote, never a
+   reward). Within a class all rewards are equal by construction.
 
 The prompt follows the paper (appendix): an instruction asking for a step-by-step solution that
 concludes with "The final answer is ...", the convention of Llama's MATH prompts. Reference
@@ -167,18 +168,24 @@ class MathTask(Task):
         elif verdict != Verdict.EQUAL:
           pending[g].append(k)
     while any(pending):
-      current = [p.pop(0) if p else None for p in pending]
+      current = [p.pop(0) if p else None for p in pending]  # [G]: the answer placed this round
       pair_verdicts = self._check({(r, k) for k, rs in zip(current, reps) if k is not None
                                    for r in rs})
       for g, k in enumerate(current):
         if k is None:
           continue
-        match = next((r for r in reps[g] if pair_verdicts[(r, k)] == Verdict.EQUAL), None)
-        if match is None:
-          reps[g].append(k)
-          wrong_class[g][k] = len(wrong_class[g])
-        else:
+        results = [(r, pair_verdicts[(r, k)]) for r in reps[g]]
+        match = next((r for r, v in results if v == Verdict.EQUAL), None)
+        # A pair that timed out or crashed takes both answers out of later comparisons, so that
+        # one hostile answer costs O(1) timeouts per group rather than one per other answer.
+        failed = {r for r, v in results if v in (Verdict.TIMEOUT, Verdict.CRASHED)}
+        reps[g] = [r for r in reps[g] if r not in failed]
+        if match is not None:
           wrong_class[g][k] = wrong_class[g][match]
+        else:
+          wrong_class[g][k] = len(wrong_class[g])
+          if not failed:
+            reps[g].append(k)
 
     scores = []
     for g, group in enumerate(keys):
