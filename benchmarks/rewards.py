@@ -11,6 +11,11 @@ math: answers checked per second through the hardened math-verify pool (`AnswerC
 distinct (gold, answer) pairs), and completions scored per second by `MathTask.score` (extraction,
 shortcuts for identical texts, answer classes), for 1 and 2 worker processes, on a realistic mix of
 MATH-style answers: a third correct in another form, half wrong, the rest without an answer.
+
+code: programs executed per second by the sandbox (`Sandbox.run_many`, every program in its own
+namespaced runner, all of its tests passing), for 1 and 2 workers, with the full isolation and with
+namespaces off (resource limits only), to show what isolation costs; simple correct stdin/stdout
+programs, distinct texts, a few tests each.
 """
 
 from __future__ import annotations
@@ -124,9 +129,64 @@ def bench_math(workers: tuple[int, ...] = (1, 2), groups: int = 96, group_size: 
   return results
 
 
+def _code_workload(programs: int, tests: int) -> list:
+  """Distinct correct programs (sum of n integers, written several ways) with `tests` tests."""
+  # pylint: disable=import-outside-toplevel
+  from ksjax.tasks.sandbox import Job
+  bodies = ("print(sum(map(int, input().split())))",
+            "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))",
+            "total = 0\nfor x in input().split():\n  total += int(x)\nprint(total)")
+  rng = random.Random(0)
+  jobs = []
+  for p in range(programs):
+    cases = [[rng.randint(-1000, 1000) for _ in range(rng.randint(1, 20))] for _ in range(tests)]
+    jobs.append(Job(program=f"# program {p}\n{bodies[p % len(bodies)]}\n",
+                    tests=[{"input": " ".join(map(str, c)) + "\n", "output": f"{sum(c)}\n"}
+                           for c in cases]))
+  return jobs
+
+
+def bench_code(configs: tuple[tuple[int, bool], ...] = ((1, True), (2, True), (2, False)),
+               programs: int = 96, tests: int = 5) -> dict:
+  """Programs executed per second, per (workers, namespaces) configuration."""
+  # pylint: disable=import-outside-toplevel
+  import resource
+  from ksjax.tasks.sandbox import Sandbox, SandboxConfig
+
+  results = {}
+  print(f"code: {programs} correct programs x {tests} tests (stdin/stdout)")
+  print(f"{'workers':>8} {'namespaces':>11} {'isolation':>13} {'programs/s':>11} {'tests/s':>8} "
+        f"{'cpu ms/program':>15}")
+  for workers, namespaces in configs:
+    with Sandbox(SandboxConfig(workers=workers, namespaces=namespaces)) as sandbox:
+      level = sandbox.isolation_report()["level"]
+      sandbox.run_many(_code_workload(2 * workers, tests))  # warm the pool
+      jobs = _code_workload(programs, tests)
+      before = resource.getrusage(resource.RUSAGE_CHILDREN)
+      start = time.perf_counter()
+      outcomes = sandbox.run_many(jobs)
+      elapsed = time.perf_counter() - start
+      after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    failed = [r.verdict for r in outcomes if not r.passed]
+    if failed:
+      raise RuntimeError(f"{len(failed)} correct programs failed: {failed[:5]}")
+    cpu_ms = 1000 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / programs
+    results[(workers, namespaces)] = {"isolation": level, "programs_per_s": programs / elapsed,
+                                      "tests_per_s": programs * tests / elapsed,
+                                      "cpu_ms_per_program": cpu_ms}
+    print(f"{workers:>8} {str(namespaces):>11} {level:>13} {programs / elapsed:>11.1f} "
+          f"{programs * tests / elapsed:>8.1f} {cpu_ms:>15.1f}")
+  if (1, True) in results and (2, True) in results:
+    print(f"2 workers / 1 worker: {results[(2, True)]['programs_per_s'] / results[(1, True)]['programs_per_s']:.2f}x")
+  if (2, True) in results and (2, False) in results:
+    print(f"namespaces on / off: {results[(2, True)]['programs_per_s'] / results[(2, False)]['programs_per_s']:.2f}x")
+  return results
+
+
 # Section name -> function; each runs with its defaults.
 SECTIONS: dict[str, Callable[[], dict]] = {
     "math": bench_math,
+    "code": bench_code,
 }
 
 
