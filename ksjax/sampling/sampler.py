@@ -1,0 +1,310 @@
+"""Batched generation with a preallocated KV cache: one jitted prefill, one jitted decode loop.
+
+Layout of a run (P prompts, n samples each, R = P * n real rows, B >= R rows after bucketing, T the
+bucketed prompt length, N = max_new_tokens, S = T + N - 1 cache slots):
+
+  rows        row p * n + s is sample s of prompt p (prompt-major); rows >= R are padding, finished
+              before the first step.
+  slots       [0, T) hold the left-padded prompt. Generated token i - 1 is fed back, and written to
+              slot T + i - 1, by the step that samples token i; the last token is never fed back,
+              hence N - 1 decode slots.
+  positions   prompt token j of a row has RoPE position cumsum(mask)[j] - 1, so a prompt of length
+              L sits at 0..L-1 whatever its padding, and generated token i at L + i.
+  kv_mask     [B, S]: True on a row's real prompt slots and on the generated slots written so far;
+              the step that writes slot T + i - 1 switches it on. Together with the model's causal
+              rule (slot <= write index) it is the whole attention mask.
+
+The prefill runs the model over the [P', T] prompt batch in one call, keeps the logits of the last
+position only (`Llama.hidden_cached`, so [P', T, V] never exists), gives each prompt's cache and
+logits to its n rows, and samples token 0. Giving the cache to the rows: `prefill_once=True`
+prefills each prompt once and repeats its cache n times; False repeats the prompts and prefills
+every row (n times the prefill compute). Both yield the same cache; benchmarks/sampling.py times
+them. The decode program is one `lax.while_loop` that samples tokens 1..N-1 and exits as soon as
+every row is done (EOS, a stop sequence, or N tokens). Its state, cache included, is donated, so
+the cache exists once.
+
+Randomness: row r has key fold_in(key(seed), r) and draws step i with fold_in(that key, i). A row's
+samples depend on (seed, r, its prompt) only, not on the batch padding, the bucket or the mesh.
+
+Sharding: rows over ("data", "fsdp"), kv heads over "tensor" (`sharding.cache_sharding`), fixed by
+the programs' out_shardings and held inside the loop by sharding constraints; parameters keep the
+partition specs of `sharding.state_shardings`. The mesh has Auto axes (see model/sharding.py), so
+the partitioner inserts the collectives.
+
+Compiled programs are cached per (model structure, SamplerConfig, mesh, Shapes); the buckets of
+batching.py bound the number of Shapes a run meets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from ksjax.model import Cache, Llama, default_positions, init_cache, sharding
+from ksjax.sampling import batching
+from ksjax.sampling.config import SamplerConfig
+from ksjax.sampling.distribution import choose
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Everything the decode loop carries (donated between prefill and decode)."""
+  cache: Cache               # {"k", "v"}: [L, B, S, K, H]
+  kv_mask_bs: jax.Array      # bool [B, S], slots holding a real token
+  position_b: jax.Array      # int32 [B], RoPE position of the next token fed back
+  tokens_bn: jax.Array       # int32 [B, N], pad_id where not generated
+  logprobs_bn: jax.Array     # float32 [B, N], 0 where not generated
+  lengths_b: jax.Array       # int32 [B], tokens generated (incl. EOS / stop sequence)
+  finished_b: jax.Array      # bool [B], stopped by EOS or a stop sequence
+  done_b: jax.Array          # bool [B], finished, N tokens generated, or a padding row
+  keys_b: jax.Array          # PRNG key [B], the row's base key
+  step: jax.Array            # int32 [], tokens sampled so far
+
+
+@flax.struct.dataclass
+class SampleOutput:
+  """What `generate` returns; R = P * num_samples rows, prompt-major (row p * n + s).
+
+  Past a row's `lengths`, `tokens` hold `pad_id` and `logprobs` 0. `logprobs[r, j]` is the log-prob
+  of `tokens[r, j]` under the distribution it was drawn from (see distribution.py: after temperature,
+  top-k and top-p; for greedy the model's log-prob at temperature 1).
+  """
+  tokens: jax.Array          # int32 [R, N]
+  lengths: jax.Array         # int32 [R]
+  logprobs: jax.Array        # float32 [R, N]
+  finished: jax.Array        # bool [R], hit an EOS id or a stop sequence
+  prompt_tokens: jax.Array   # int32 [R, T], the row's prompt, left-padded with pad_id
+  prompt_lengths: jax.Array  # int32 [R]
+
+  def sequences(self) -> tuple[jax.Array, jax.Array]:
+    """Prompt and completion as one left-padded batch (what the trainer scores).
+
+    Returns tokens int32 [R, T + N] and mask bool [R, T + N]. Completion token j is column T + j,
+    so `model.token_logprobs(llama, tokens, mask, temperature)[:, T + j]` recomputes
+    `logprobs[:, j]` (exactly so without top-k/top-p truncation).
+    """
+    t = self.prompt_tokens.shape[1]
+    n = self.tokens.shape[1]
+    prompt_mask_rt = jnp.arange(t)[None, :] >= t - self.prompt_lengths[:, None]
+    completion_mask_rn = jnp.arange(n)[None, :] < self.lengths[:, None]
+    return (jnp.concatenate([self.prompt_tokens, self.tokens], axis=1),
+            jnp.concatenate([prompt_mask_rt, completion_mask_rn], axis=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """The array shapes of one compiled prefill/decode pair."""
+  prompt_rows: int  # P', bucketed number of prompts
+  num_samples: int  # n
+  prompt_len: int   # T, bucketed prompt length
+
+  @property
+  def rows(self) -> int:
+    return self.prompt_rows * self.num_samples
+
+
+# ---------------------------------------------------------------------------------------------
+# The model calls (pure; the test of cache decoding drives them directly)
+# ---------------------------------------------------------------------------------------------
+
+def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, num_samples: int,
+                   cache_len: int, prefill_once: bool = True):
+  """Runs the prompts [P', T] through the model and gives every prompt's cache to its n rows.
+
+  Returns next-token logits float32 [B, V], the cache [L, B, S, K, H] with S = cache_len, the kv
+  mask bool [B, S] and the position of the next token int32 [B]; B = P' * num_samples.
+  """
+  t = tokens_pt.shape[1]
+  repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
+  positions_pt = default_positions(mask_pt)
+  if not prefill_once:
+    tokens_pt, mask_pt, positions_pt = repeat(tokens_pt), repeat(mask_pt), repeat(positions_pt)
+  cache = init_cache(llama.cfg, tokens_pt.shape[0], t)
+  hidden_ptd, cache = llama.hidden_cached(tokens_pt, positions_pt, cache, jnp.int32(0), mask_pt)
+  logits_pv = llama.logits(hidden_ptd[:, -1:])[:, 0]
+  if prefill_once:
+    logits_pv, mask_pt, positions_pt = repeat(logits_pv), repeat(mask_pt), repeat(positions_pt)
+    cache = jax.tree.map(lambda c: jnp.repeat(c, num_samples, axis=1), cache)
+  grow = cache_len - t
+  cache = jax.tree.map(lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0))), cache)
+  kv_mask_bs = jnp.pad(mask_pt, ((0, 0), (0, grow)))
+  return logits_pv, cache, kv_mask_bs, positions_pt[:, -1] + 1
+
+
+def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, cache: Cache,
+                slot: jax.Array, kv_mask_bs: jax.Array):
+  """Feeds one token per row, written to cache `slot`; returns next-token logits float32 [B, V],
+  the cache and the kv mask with `slot` switched on."""
+  b = token_b.shape[0]
+  kv_mask_bs = jax.lax.dynamic_update_slice(kv_mask_bs, jnp.ones((b, 1), bool), (0, slot))
+  logits_b1v, cache = llama.forward_cached(token_b[:, None], position_b[:, None], cache, slot,
+                                           kv_mask_bs)
+  return logits_b1v[:, 0], cache, kv_mask_bs
+
+
+# ---------------------------------------------------------------------------------------------
+# Bookkeeping of the loop
+# ---------------------------------------------------------------------------------------------
+
+def stop_hit(tokens_bn: jax.Array, token_b: jax.Array, i: jax.Array,
+             cfg: SamplerConfig) -> jax.Array:
+  """bool [B]: token i (just written to `tokens_bn`) is an EOS id or ends a stop sequence."""
+  hit_b = jnp.isin(token_b, jnp.asarray(cfg.eos_id, jnp.int32))
+  n_new = tokens_bn.shape[1]
+  for seq in cfg.stop_sequences:
+    m = len(seq)
+    if m > n_new:  # cannot fit in the completion
+      continue
+    window_bm = jax.lax.dynamic_slice_in_dim(tokens_bn, jnp.maximum(i - m + 1, 0), m, axis=1)
+    hit_b |= jnp.all(window_bm == jnp.asarray(seq, jnp.int32), axis=1) & (i + 1 >= m)
+  return hit_b
+
+
+def sample_and_record(ds: DecodeState, logits_bv: jax.Array, cfg: SamplerConfig) -> DecodeState:
+  """Draws token `ds.step` of every row that is not done and records it."""
+  i = ds.step
+  keys_b = jax.vmap(jax.random.fold_in, (0, None))(ds.keys_b, i)
+  token_b, logp_b = choose(logits_bv, keys_b, cfg)
+  active_b = ~ds.done_b
+  token_b = jnp.where(active_b, token_b, cfg.pad_id)
+  logp_b = jnp.where(active_b, logp_b, 0.0)
+  tokens_bn = jax.lax.dynamic_update_index_in_dim(ds.tokens_bn, token_b, i, axis=1)
+  logprobs_bn = jax.lax.dynamic_update_index_in_dim(ds.logprobs_bn, logp_b, i, axis=1)
+  hit_b = active_b & stop_hit(tokens_bn, token_b, i, cfg)
+  return ds.replace(
+      tokens_bn=tokens_bn,
+      logprobs_bn=logprobs_bn,
+      lengths_b=jnp.where(active_b, i + 1, ds.lengths_b),
+      finished_b=ds.finished_b | hit_b,
+      done_b=ds.done_b | hit_b | (i + 1 >= tokens_bn.shape[1]),
+      step=i + 1,
+  )
+
+
+def state_shardings(mesh: Mesh) -> DecodeState:
+  """NamedShardings of every DecodeState field: rows over the batch axes, kv heads over tensor."""
+  rows = sharding.batch_sharding(mesh, 1)
+  matrix = sharding.batch_sharding(mesh, 2)
+  return DecodeState(cache=sharding.cache_sharding(mesh), kv_mask_bs=matrix, position_b=rows,
+                     tokens_bn=matrix, logprobs_bn=matrix, lengths_b=rows, finished_b=rows,
+                     done_b=rows, keys_b=rows, step=NamedSharding(mesh, P()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled programs
+# ---------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Shapes):
+  """The jitted (prefill, decode) pair for one model structure, config, mesh and shape bucket.
+
+  prefill(params, tokens_pt, mask_pt, num_rows, seed) -> DecodeState after token 0;
+  decode(params, state) -> DecodeState when every row is done (state donated).
+  """
+  n_new = cfg.max_new_tokens
+  t = shapes.prompt_len
+  cache_len = t + n_new - 1
+  out_shardings = state_shardings(mesh)
+
+  def prefill(params, tokens_pt, mask_pt, num_rows, seed) -> DecodeState:
+    llama = nnx.merge(graphdef, params)
+    logits_bv, cache, kv_mask_bs, position_b = prefill_logits(
+        llama, tokens_pt, mask_pt, num_samples=shapes.num_samples, cache_len=cache_len,
+        prefill_once=cfg.prefill_once)
+    b = shapes.rows
+    row_b = jnp.arange(b)
+    ds = DecodeState(
+        cache=cache, kv_mask_bs=kv_mask_bs, position_b=position_b,
+        tokens_bn=jnp.full((b, n_new), cfg.pad_id, jnp.int32),
+        logprobs_bn=jnp.zeros((b, n_new), jnp.float32),
+        lengths_b=jnp.zeros((b,), jnp.int32), finished_b=jnp.zeros((b,), bool),
+        done_b=row_b >= num_rows,
+        keys_b=jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), row_b),
+        step=jnp.int32(0))
+    return sample_and_record(ds, logits_bv, cfg)
+
+  def decode(params, ds: DecodeState) -> DecodeState:
+    llama = nnx.merge(graphdef, params)
+
+    def cond(ds):
+      return (ds.step < n_new) & ~jnp.all(ds.done_b)
+
+    def body(ds):
+      token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
+      logits_bv, cache, kv_mask_bs = step_logits(llama, token_b, ds.position_b, ds.cache,
+                                                 t + ds.step - 1, ds.kv_mask_bs)
+      ds = ds.replace(cache=cache, kv_mask_bs=kv_mask_bs, position_b=ds.position_b + 1)
+      return jax.lax.with_sharding_constraint(sample_and_record(ds, logits_bv, cfg),
+                                              out_shardings)
+
+    return jax.lax.while_loop(cond, body, ds)
+
+  return (jax.jit(prefill, out_shardings=out_shardings),
+          jax.jit(decode, out_shardings=out_shardings, donate_argnums=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+def model_mesh(llama: Llama) -> Mesh:
+  """The ("data", "fsdp", "tensor") mesh the parameters live on; a 1x1x1 mesh of their device
+  when they are not sharded."""
+  leaf = jax.tree.leaves(nnx.state(llama))[0]
+  if isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.axis_names == sharding.AXES:
+    return leaf.sharding.mesh
+  devices = list(leaf.sharding.device_set)
+  if len(devices) != 1:
+    raise ValueError("mesh=None needs a model placed by model.shard or on one device; pass "
+                     f"mesh= (a model.make_mesh mesh) for a model on {len(devices)} devices")
+  return Mesh(np.asarray(devices).reshape(1, 1, 1), sharding.AXES,
+              axis_types=(AxisType.Auto,) * 3)
+
+
+def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
+           num_samples: int = 1, seed: int = 0, mesh: Mesh | None = None) -> SampleOutput:
+  """`generate` with the settings as a SamplerConfig (see `generate`)."""
+  if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or (
+      num_samples < 1):
+    raise ValueError(f"num_samples={num_samples!r} is not accepted; expected an integer >= 1")
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+    raise ValueError(f"seed={seed!r} is not accepted; expected an integer in [0, 2**32)")
+  model_cfg = llama.cfg
+  for name, token in cfg.token_ids_used():
+    if token >= model_cfg.vocab_size:
+      raise ValueError(f"{name} has token id {token}; expected ids in "
+                       f"[0, vocab_size={model_cfg.vocab_size})")
+  prompt_ids = batching.validate_prompts(prompts, model_cfg.vocab_size)
+  batching.validate_lengths(prompt_ids, cfg.max_new_tokens, model_cfg.max_position_embeddings)
+
+  mesh = model_mesh(llama) if mesh is None else mesh
+  sharding.check_divisible(model_cfg, mesh)
+  graphdef, params = nnx.split(llama)
+  params = jax.device_put(params, sharding.state_shardings(params, mesh))  # no copy if placed
+
+  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch = batching.pad_prompts(prompt_ids, num_samples, batch_shards, cfg.pad_id)
+  shapes = Shapes(batch.tokens_pt.shape[0], int(num_samples), batch.tokens_pt.shape[1])
+  prefill, decode = programs(graphdef, cfg, mesh, shapes)
+
+  prompt_sharding = (sharding.batch_sharding(mesh) if shapes.prompt_rows % batch_shards == 0
+                     else NamedSharding(mesh, P()))
+  tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
+  rows = batch.num_prompts * num_samples
+  ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
+  ds = decode(params, ds)
+
+  prompt_lengths_p = batch.mask_pt[:batch.num_prompts].sum(axis=1).astype(np.int32)
+  return SampleOutput(
+      tokens=ds.tokens_bn[:rows], lengths=ds.lengths_b[:rows], logprobs=ds.logprobs_bn[:rows],
+      finished=ds.finished_b[:rows],
+      prompt_tokens=jnp.asarray(np.repeat(batch.tokens_pt[:batch.num_prompts], num_samples, 0)),
+      prompt_lengths=jnp.asarray(np.repeat(prompt_lengths_p, num_samples)))
