@@ -1,5 +1,6 @@
 """Checkpoint I/O: HF safetensors (sharded index, mesh placement, bad input) and Orbax."""
 
+import gc
 import json
 import os
 import subprocess
@@ -118,10 +119,11 @@ def _reshape(name):
 def test_bad_checkpoint_fails_before_placing_anything(hf_dir, tmp_path, edit_tensors, edit_config,
                                                        error, message):
   bad = _copy_checkpoint(hf_dir, str(tmp_path / "bad"), edit_tensors, edit_config)
+  gc.collect()
   before = len(jax.live_arrays())
   with pytest.raises(error, match=message):
     model.load_hf(bad)
-  assert len(jax.live_arrays()) == before
+  assert len(jax.live_arrays()) <= before  # nothing was placed on a device
 
 
 def test_untied_config_with_tied_lm_head_copy_is_accepted_only_when_equal(tmp_path):

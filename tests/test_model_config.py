@@ -1,6 +1,7 @@
 """LlamaConfig: presets, exact parameter counts without allocation, config.json parsing."""
 
 import dataclasses
+import gc
 import math
 
 import jax
@@ -22,9 +23,10 @@ def _abstract_param_count(cfg):
 @pytest.mark.parametrize("name,count", [("llama3.1-8b", 8_030_261_248),
                                         ("llama3.1-70b", 70_553_706_496)])
 def test_released_sizes_have_exact_parameter_counts_without_allocating(name, count):
+  gc.collect()
   before = len(jax.live_arrays())
   assert _abstract_param_count(model.preset(name)) == count
-  assert len(jax.live_arrays()) == before
+  assert len(jax.live_arrays()) <= before  # nothing was placed on a device
 
 
 # 8B and 70B are counted exactly above; their eval_shape is the slow part of this file.
