@@ -172,8 +172,9 @@ ADVERSARIAL = {
 
 @pytest.fixture(scope="module")
 def hardened():
+  # No verdict cache: every check here must reach a worker.
   config = CheckerConfig(workers=2, timeout_s=TIMEOUT_S, kill_grace_s=0.25,
-                         memory_limit_bytes=MEMORY_LIMIT, max_answer_chars=None)
+                         memory_limit_bytes=MEMORY_LIMIT, max_answer_chars=None, cache_size=0)
   with AnswerChecker(config) as c:
     yield c
 
@@ -213,6 +214,22 @@ def test_adversarial_answer_fails_in_time(hardened, name, side):
     assert _vm_peak_bytes(pid) <= MEMORY_LIMIT
   # ... and the pool still works.
   assert hardened.check([("\\frac{1}{2}", "0.5")]) == [Verdict.EQUAL]
+
+
+def test_exact_number_guard_lives_in_the_workers_only(verdicts):
+  from math_verify import grader  # pylint: disable=import-outside-toplevel
+  from ksjax.tasks.math_checker import exact_numeric_eq  # pylint: disable=import-outside-toplevel
+  assert verdicts[("\\frac{1}{2004!}", "\\frac{1}{2006!}")] == Verdict.DIFFERENT
+  assert grader.sympy_numeric_eq is not exact_numeric_eq  # this process's math-verify is intact
+
+
+def test_verdicts_are_cached_across_calls_but_not_timeouts(checker):
+  hits = checker.stats["cache_hits"]
+  pairs = [("7", "\\frac{14}{2}"), ("7", "8")]
+  assert checker.check(pairs) == [Verdict.EQUAL, Verdict.DIFFERENT]
+  assert checker.stats["cache_hits"] == hits
+  assert checker.check([list(p) for p in reversed(pairs)]) == [Verdict.DIFFERENT, Verdict.EQUAL]
+  assert checker.stats["cache_hits"] == hits + 2
 
 
 def test_too_long_answers_are_rejected_unparsed(checker):
@@ -266,7 +283,7 @@ def test_check_from_a_non_main_thread(hardened):
 
 @pytest.mark.parametrize("field,value", [
     ("workers", 0), ("timeout_s", 0.0), ("timeout_s", float("nan")), ("kill_grace_s", -1.0),
-    ("memory_limit_bytes", 1 << 20), ("max_answer_chars", 0)])
+    ("memory_limit_bytes", 1 << 20), ("max_answer_chars", 0), ("cache_size", -1)])
 def test_config_rejects_bad_values(field, value):
   with pytest.raises(ValueError, match=field):
     CheckerConfig(**{field: value})

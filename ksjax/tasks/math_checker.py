@@ -88,6 +88,8 @@ class CheckerConfig:
     max_answer_chars: answers (gold or prediction) longer than this are TOO_LONG without being
       parsed; MATH and HARP gold answers are under 200 characters. None disables the guard.
     startup_timeout_s: how long a new worker may take to load math-verify and report ready.
+    cache_size: verdicts remembered by (gold, prediction) text across calls: RL revisits the same
+      problems, and common wrong answers recur.
   """
   workers: int = 2
   timeout_s: float = 5.0
@@ -95,6 +97,7 @@ class CheckerConfig:
   memory_limit_bytes: int = 2 << 30
   max_answer_chars: int | None = 4096
   startup_timeout_s: float = 120.0
+  cache_size: int = 1 << 16
 
   def __post_init__(self):
     if self.workers < 1:
@@ -106,6 +109,8 @@ class CheckerConfig:
     if self.memory_limit_bytes < 256 << 20:
       raise ValueError(f"CheckerConfig.memory_limit_bytes={self.memory_limit_bytes} is not accepted; "
                        "expected >= 256 MiB (math-verify alone maps about 100 MB)")
+    if self.cache_size < 0:
+      raise ValueError(f"CheckerConfig.cache_size={self.cache_size} is not accepted; expected >= 0")
     if self.max_answer_chars is not None and self.max_answer_chars < 1:
       raise ValueError(f"CheckerConfig.max_answer_chars={self.max_answer_chars} is not accepted; "
                        "expected >= 1 or None")
@@ -194,8 +199,10 @@ def _check_pair(gold: str, prediction: str) -> Verdict:
 
 def _install_exact_numbers() -> None:
   from math_verify import grader  # pylint: disable=import-outside-toplevel
-  if not callable(getattr(grader, "sympy_numeric_eq", None)):
-    raise RuntimeError("math_verify.grader.sympy_numeric_eq not found: the exact-number guard of "
+  needed = ("sympy_numeric_eq", "get_pct_val", "safe_sympy_doit")
+  missing = [name for name in needed if not callable(getattr(grader, name, None))]
+  if missing:
+    raise RuntimeError(f"math_verify.grader lacks {missing}: the exact-number guard of "
                        "ksjax.tasks.math_checker needs updating for this math-verify version")
   grader.sympy_numeric_eq = exact_numeric_eq
 
@@ -289,6 +296,8 @@ class AnswerChecker:
     self.stats: collections.Counter[str] = collections.Counter()
     self._workers: list[_Worker] = []
     self._lock = threading.Lock()
+    # (gold, prediction) -> verdict, least recently used first.
+    self._cache: collections.OrderedDict[tuple[str, str], Verdict] = collections.OrderedDict()
     self._ctx = multiprocessing.get_context("forkserver")
     # The fork server imports math-verify once; workers fork from it already loaded. Harmless if
     # the fork server is already running (its preload is then ignored and workers import it).
@@ -325,18 +334,30 @@ class AnswerChecker:
     verdicts: list[Verdict | None] = [None] * len(pairs)
     todo = collections.deque()
     limit = self.config.max_answer_chars
-    for i, (gold, prediction) in enumerate(pairs):
-      if limit is not None and (len(gold) > limit or len(prediction) > limit):
-        verdicts[i] = Verdict.TOO_LONG
-      else:
-        todo.append(i)
-    if todo:
-      with self._lock:
+    with self._lock:
+      for i, (gold, prediction) in enumerate(pairs):
+        pair = (gold, prediction)
+        if limit is not None and (len(gold) > limit or len(prediction) > limit):
+          verdicts[i] = Verdict.TOO_LONG
+        elif pair in self._cache:
+          verdicts[i] = self._cache[pair]
+          self._cache.move_to_end(pair)
+          self.stats["cache_hits"] += 1
+        else:
+          todo.append(i)
+      fresh = list(todo)
+      if todo:
         while len(self._workers) < self.config.workers:
           self._workers.append(self._spawn())
         self._run(pairs, todo, verdicts)
-    for v in verdicts:
-      self.stats[v.name] += 1
+      for i in fresh:
+        # Only verdicts about the answers themselves; a timeout also depends on the host's load.
+        if verdicts[i] in (Verdict.EQUAL, Verdict.DIFFERENT, Verdict.UNPARSABLE):
+          self._cache[tuple(pairs[i])] = verdicts[i]
+      while len(self._cache) > self.config.cache_size:
+        self._cache.popitem(last=False)
+      for v in verdicts:
+        self.stats[v.name] += 1
     return verdicts  # type: ignore[return-value]
 
   # -- internals (called with the lock held) --
@@ -394,6 +415,8 @@ class AnswerChecker:
       if worker.task is not None and now >= worker.deadline:
         verdicts[worker.task] = Verdict.TIMEOUT
         self.stats["hard_kills"] += 1
+        logger.warning("an answer check ran past %.2f s; killing its worker",
+                       self.config.timeout_s + self.config.kill_grace_s)
         dead.append(worker)
       elif not worker.ready and now - worker.started > self.config.startup_timeout_s:
         _shutdown([worker])
@@ -407,9 +430,13 @@ class AnswerChecker:
             f"its traceback is on stderr; memory_limit_bytes={self.config.memory_limit_bytes}). "
             "Scripts that score math answers need the `if __name__ == '__main__':` guard, since "
             "worker processes import the main module")
-      if worker.task is not None and verdicts[worker.task] is None:
+      crashed = worker.task is not None and verdicts[worker.task] is None
+      if crashed:
         verdicts[worker.task] = Verdict.CRASHED
       self._replace(worker)
+      if crashed:
+        logger.warning("an answer-checker worker died during a check (exit code %s); replaced",
+                       worker.process.exitcode)
 
   def _wait_ready(self) -> None:
     while not all(w.ready for w in self._workers):
