@@ -28,8 +28,11 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
   root, extension = os.path.splitext(name)
   fd, tmp = tempfile.mkstemp(prefix=f".{root}.", suffix=f".tmp{extension}", dir=folder)
   os.close(fd)
+  umask = os.umask(0)
+  os.umask(umask)
   try:
     write(tmp)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
     os.replace(tmp, path)
   except BaseException:
     os.unlink(tmp)

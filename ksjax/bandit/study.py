@@ -71,24 +71,7 @@ def parse_config(config: ml_collections.ConfigDict) -> Settings:
   aggregator = cv.choice(config, "aggregator", variants_lib.AGGREGATORS)
   baseline = cv.choice(config, "baseline", variants_lib.BASELINES)
 
-  specs = [("paper", (agg, bl, "none")) for agg, bl in variants_lib.PAPER_PAIRS]
-  specs.append(("aggregator/baseline/scale", (aggregator, baseline, scale)))
-  extra = cv.get(config, "extra_variants")
-  if not isinstance(extra, str):
-    raise cv.ConfigError(f"config.extra_variants={extra!r} is not accepted; expected a string of "
-                         "comma-separated aggregator:baseline[:scale]")
-  for spec in filter(None, (s.strip() for s in extra.split(","))):
-    try:
-      specs.append(("extra_variants", variants_lib.parse_spec(spec, scale)))
-    except ValueError as e:
-      raise cv.ConfigError(f"config.extra_variants: {e}") from None
-  chosen: dict[tuple[str, str, str], Variant] = {}
-  for field, (agg, bl, sc) in specs:
-    variant = Variant(agg, bl, sc, k=k, p=p, beta=beta)
-    _check_with_library(variant, n, field)
-    chosen.setdefault((agg, bl, sc), variant)
-
-  return Settings(
+  settings = Settings(
       workdir=workdir,
       seed=cv.integer(config, "seed", lo=0, hi=2**31 - 1),
       num_seeds=cv.integer(config, "num_seeds", lo=1, hi=10_000),
@@ -98,11 +81,31 @@ def parse_config(config: ml_collections.ConfigDict) -> Settings:
       groups_per_step=cv.integer(config, "groups_per_step", lo=1, hi=4096),
       k=k, n=n,
       variance_draws=cv.integer(config, "variance_draws", lo=2, hi=10_000_000),
-      variants=tuple(chosen.values()))
+      variants=())
+
+  specs = [("the paper's estimator", (agg, bl, "none")) for agg, bl in variants_lib.PAPER_PAIRS]
+  specs.append((f"config.aggregator={aggregator!r}, config.baseline={baseline!r}, "
+                f"config.scale={scale!r}", (aggregator, baseline, scale)))
+  extra = cv.get(config, "extra_variants")
+  if not isinstance(extra, str):
+    raise cv.ConfigError(f"config.extra_variants={extra!r} is not accepted; expected a string of "
+                         "comma-separated aggregator:baseline[:scale]")
+  for spec in filter(None, (s.strip() for s in extra.split(","))):
+    try:
+      specs.append((f"config.extra_variants entry {spec!r}", variants_lib.parse_spec(spec, scale)))
+    except ValueError as e:
+      raise cv.ConfigError(f"config.extra_variants: {e}") from None
+  chosen: dict[tuple[str, str, str], Variant] = {}
+  for origin, (agg, bl, sc) in specs:  # the library judges each combination last, after the fields
+    variant = Variant(agg, bl, sc, k=k, p=p, beta=beta)
+    _check_with_library(variant, n, origin)
+    chosen.setdefault((agg, bl, sc), variant)
+  return dataclasses.replace(settings, variants=tuple(chosen.values()))
 
 
-def _check_with_library(variant: Variant, n: int, field: str) -> None:
-  """Lets `k_sample_advantages` judge the combination (k vs n, p vs k, C(n, k) limits, ...)."""
+def _check_with_library(variant: Variant, n: int, origin: str) -> None:
+  """Lets `k_sample_advantages` judge the combination (k vs n, p vs k, C(n, k) limits, ...);
+  `origin` names the config fields the variant came from."""
   actions = jnp.zeros((1, n), jnp.int32)
   try:
     objectives.k_sample_advantages(
@@ -110,27 +113,37 @@ def _check_with_library(variant: Variant, n: int, field: str) -> None:
         p=variant.p, beta=variant.beta, scale=variant.scale,
         answer_ids=actions if variant.aggregator == "majority_vote" else None)
   except ValueError as e:
-    raise cv.ConfigError(f"config.{field}: estimator {variant.key} with k={variant.k}, n={n}, "
-                         f"p={variant.p} is not accepted: {e}") from None
+    raise cv.ConfigError(f"{origin} (estimator {variant.key} with config.k={variant.k}, n={n}, "
+                         f"config.p={variant.p}) is not accepted: {e}") from None
+
+
+def bandits(settings: Settings) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Each seed's rewards [S, A] and its training and variance-measurement keys, each [S]."""
+  key_rewards, key_train, key_variance = jax.random.split(jax.random.key(settings.seed), 3)
+  rewards_sa = jax.random.normal(key_rewards, (settings.num_seeds, settings.num_actions))
+  return (rewards_sa, jax.random.split(key_train, settings.num_seeds),
+          jax.random.split(key_variance, settings.num_seeds))
+
+
+def train_variant(settings: Settings, variant: Variant, rewards_sa: jax.Array,
+                  keys_s: jax.Array) -> dict[str, np.ndarray]:
+  """{"mean_reward"|"pass_at_k"|"kl": [S, num_steps + 1]} of one estimator on every bandit."""
+  curves = train.train(keys_s, rewards_sa, settings.learning_rate, variant=variant, n=settings.n,
+                       groups_per_step=settings.groups_per_step, num_steps=settings.num_steps)
+  return {name: np.asarray(values) for name, values in curves._asdict().items()}
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
   """Runs the study; returns variant key -> {"mean_reward"|"pass_at_k"|"kl": [S, T + 1]}."""
   settings = parse_config(config)
-  key_rewards, key_train, key_variance = jax.random.split(jax.random.key(settings.seed), 3)
-  rewards_sa = jax.random.normal(key_rewards, (settings.num_seeds, settings.num_actions))
-  train_keys_s = jax.random.split(key_train, settings.num_seeds)
-  variance_keys_s = jax.random.split(key_variance, settings.num_seeds)
+  rewards_sa, train_keys_s, variance_keys_s = bandits(settings)
   print(f"bandit: {settings.num_seeds} seeds x {settings.num_actions} actions, k={settings.k}, "
         f"n={settings.n}, lr={settings.learning_rate:g}, {settings.num_steps} steps", flush=True)
 
   curves, errors = {}, {}
   for variant in settings.variants:
     start = time.perf_counter()
-    out = train.train(train_keys_s, rewards_sa, settings.learning_rate, variant=variant,
-                      n=settings.n, groups_per_step=settings.groups_per_step,
-                      num_steps=settings.num_steps)
-    curves[variant.key] = {name: np.asarray(values) for name, values in out._asdict().items()}
+    curves[variant.key] = train_variant(settings, variant, rewards_sa, train_keys_s)
     trained = time.perf_counter()
     if exact.has_exact_target(variant, settings.num_actions):
       errors[variant.key] = jax.tree.map(np.asarray, variance.gradient_errors(

@@ -49,6 +49,7 @@ def gradient_error(key: jax.Array, rewards_a: jax.Array, exact_grad_a: jax.Array
       bias_sq=jnp.sum(mean_err_a**2) - jnp.sum(var_a) / num_draws)
 
 
+@functools.partial(jax.jit, static_argnames=("variant", "n", "num_draws"))
 def gradient_errors(keys_s: jax.Array, rewards_sa: jax.Array, variant: Variant, *, n: int,
                     num_draws: int) -> GradientError:
   """`gradient_error` on every seed's bandit: each field [S]. Seeds run one after another so that
