@@ -1,8 +1,8 @@
 """Hardened mathematical answer checking: math-verify in a pool of killable worker processes.
 
-Model answers are adversarial input to SymPy. `9^{9^{9^9}}` makes SymPy multiply integers with
-hundreds of millions of digits inside CPython's C code, a million-character answer makes the LaTeX
-parser allocate gigabytes, thousands of nested brackets recurse past every limit. None of that may
+Model answers are adversarial input to SymPy. `9^{9^{9^9}}` asks for an integer with hundreds of
+millions of digits, a million-character answer keeps the LaTeX parser busy for seconds and
+hundreds of megabytes, thousands of nested brackets drive it deep into recursion. None of that may
 hang or kill the trainer, so no answer is ever parsed in the trainer's process:
 
 * Every check (`gold`, `prediction`) runs in a worker process. The parent waits for the reply until
@@ -14,12 +14,13 @@ hang or kill the trainer, so no answer is ever parsed in the trainer's process:
   off (`parsing_timeout=None`, `timeout_seconds=None`) and replaced by this one timer per check; the
   worker loop runs in the worker's main thread, so the signal is delivered there whatever thread of
   the trainer calls `check`.
-* Each worker has an address-space limit (RLIMIT_AS): allocations past it fail (MemoryError, which
-  ends the worker: a replacement starts) instead of pushing the host into swap. Core dumps are off,
-  and a per-check CPU-time limit (RLIMIT_CPU) makes the kernel kill a worker orphaned by a dead
-  trainer in mid-check.
+* Each worker has an address-space limit (RLIMIT_AS): allocations past it fail with MemoryError
+  instead of pushing the host into swap (math-verify reads that as a failed parse; one that escapes
+  ends the worker and a replacement starts). Core dumps are off, and a per-check CPU-time limit
+  (RLIMIT_CPU) makes the kernel kill a worker orphaned by a dead trainer in mid-check.
 * Workers are started by the "forkserver" method, never by forking the trainer (which runs JAX's
-  threads); the fork server preloads math-verify, so a replacement is ready in milliseconds.
+  threads); the fork server preloads math-verify, so a replacement is ready in a fraction of a
+  second. As with any non-fork start method, scripts need the `if __name__ == "__main__":` guard.
 * A timed-out, crashed or oversized check counts as "not equal": the answer earns the failure
   reward, and nothing raises into the trainer.
 
