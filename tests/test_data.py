@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -10,9 +11,10 @@ import grain
 import orbax.checkpoint as ocp
 import pytest
 
-from ksjax.tasks import data, synthetic
+from ksjax.tasks import code_data, data, math_data, synthetic
 from ksjax.tasks.base import DataError
 
+MATH_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "math")
 SIZES = {"train_per_level": 12, "test_per_level": 8}  # 48 + ~12 train, 40 test problems
 
 
@@ -71,6 +73,7 @@ def test_local_files_builder_reads_through_its_reader(tmp_path, monkeypatch):
   (tmp_path / "fake_reader.py").write_text(
       "import json\n"
       "from ksjax.tasks.base import DataError\n"
+      "FORMAT = 'a JSONL file of records'\n"
       "def read(path):\n"
       "  for n, line in enumerate(open(path)):\n"
       "    if line.startswith('!'):\n"
@@ -79,7 +82,7 @@ def test_local_files_builder_reads_through_its_reader(tmp_path, monkeypatch):
   monkeypatch.syspath_prepend(str(tmp_path))
 
   FakeBuilder = data.local_files_builder(data.LocalFiles(  # pylint: disable=invalid-name
-      "fake", "fake_reader:read", {"train": "train.jsonl"}, "a JSONL file of records", ""))
+      "fake", "fake_reader:read", "fake_reader:FORMAT", {"train": "train.jsonl"}))
 
   manual, out = tmp_path / "manual", tmp_path / "out"
   manual.mkdir()
@@ -105,9 +108,78 @@ def test_local_files_builder_reads_through_its_reader(tmp_path, monkeypatch):
   assert sorted(stored, key=lambda r: r["id"]) == records
 
 
+def _write_jsonl(path, rows):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _code_contests_row(name, n_tests):
+  tests = {"input": [f"{i} {i}\n" for i in range(n_tests)],
+           "output": [f"{2 * i}\n" for i in range(n_tests)]}
+  return {"name": name, "description": f"Print twice the number ({name}).", "public_tests": tests,
+          "private_tests": {"input": [], "output": []}, "generated_tests": None,
+          "time_limit": {"seconds": 1, "nanos": 0}, "memory_limit_bytes": 1 << 28,
+          "difficulty": 1, "source": 2, "input_file": "", "output_file": "",
+          "solutions": {"language": [3], "solution": ["print(2 * int(input().split()[0]))"]}}
+
+
+def _taco_row(question, n_tests):
+  spec = {"inputs": [f"{i}\n" for i in range(n_tests)], "outputs": [f"{i}\n" for i in range(n_tests)]}
+  return {"question": question, "input_output": json.dumps(spec), "starter_code": "",
+          "difficulty": "EASY", "solutions": json.dumps(["print(input())"]),
+          "time_limit": "1 second", "memory_limit": "256 megabytes"}
+
+
+def _math_files(manual):
+  shutil.copytree(os.path.join(MATH_FIXTURES, "MATH"), manual)
+  return {split: [r for r in math_data.read_math_dir(str(manual)) if r["split"] == split]
+          for split in ("train", "test")}
+
+
+def _math500_files(manual):
+  manual.mkdir()
+  shutil.copy(os.path.join(MATH_FIXTURES, "math500.jsonl"), manual / "test.jsonl")
+  return {"test": list(math_data.read_math500_jsonl(str(manual / "test.jsonl")))}
+
+
+def _harp_files(manual):
+  manual.mkdir()
+  shutil.copy(os.path.join(MATH_FIXTURES, "harp.jsonl"), manual / "HARP.jsonl")
+  return {"train": list(math_data.read_harp_jsonl(str(manual / "HARP.jsonl")))}
+
+
+def _code_contests_files(manual):
+  for split, names in (("train", ["1_A", "1_B", "2_A"]), ("valid", ["3_A"]), ("test", ["4_A"])):
+    # Two shards of the train split; 1_B has too few tests and is dropped by the reader.
+    for shard, rows in enumerate([names[:1], names[1:]] if split == "train" else [names]):
+      _write_jsonl(manual / split / f"{split}-{shard:05d}.jsonl",
+                   [_code_contests_row(n, 2 if n == "1_B" else 5) for n in rows])
+  return {split: list(code_data.read_code_contests(str(manual / split)))
+          for split in ("train", "valid", "test")}
+
+
+def _taco_files(manual):
+  _write_jsonl(manual / "train" / "data.jsonl", [_taco_row(f"Echo {i}.", 5) for i in range(3)])
+  _write_jsonl(manual / "test" / "data.jsonl", [_taco_row("Echo.", 6), _taco_row("Few.", 1)])
+  return {split: list(code_data.read_taco(str(manual / split))) for split in ("train", "test")}
+
+
+@pytest.mark.parametrize("name, make_files", [
+    ("math", _math_files), ("math500", _math500_files), ("harp", _harp_files),
+    ("code_contests", _code_contests_files), ("taco", _taco_files)])
+def test_builds_each_dataset_from_its_published_format(tmp_path, name, make_files):
+  expected = make_files(tmp_path / "manual")
+  assert all(expected.values())
+  data.build(name, data_dir=tmp_path / "out", manual_dir=tmp_path / "manual")
+  assert data.built_splits(name, data_dir=tmp_path / "out") == tuple(sorted(expected))
+  for split, records in expected.items():
+    stored = data.load_records(name, split, data_dir=tmp_path / "out")
+    assert sorted(stored, key=lambda r: r["id"]) == sorted(records, key=lambda r: r["id"])
+
+
 def test_missing_inputs_are_one_clear_error(tmp_path):
-  with pytest.raises(DataError, match=r"math500': .*test\.jsonl does not exist; expected the "
-                     r"MATH-500 JSONL file"):
+  with pytest.raises(DataError, match=r"math500': .*test\.jsonl does not exist; expected "
+                     r"MATH-500 JSONL: one JSON object per line"):
     data.build("math500", data_dir=tmp_path / "out", manual_dir=tmp_path)
   with pytest.raises(DataError, match="pass manual_dir"):
     data.build("harp", data_dir=tmp_path / "out")
@@ -211,14 +283,9 @@ def test_prompts_can_feed_the_pipeline_directly(task):
   assert sorted(p.id for b in batches for p in b) == sorted(p.id for p in prompts)
 
 
-def test_command_line_builds_and_reports_missing_files(tmp_path):
-  def run(*args):
-    return subprocess.run([sys.executable, "-m", "ksjax.tasks.data", *args],
-                          capture_output=True, text=True, timeout=120)
-
-  missing = run("--dataset=harp", f"--data_dir={tmp_path}", f"--manual_dir={tmp_path}")
+def test_command_line_reports_missing_files_in_one_line(tmp_path):
+  missing = subprocess.run([sys.executable, "-m", "ksjax.tasks.data", "--dataset=harp",
+                            f"--data_dir={tmp_path}", f"--manual_dir={tmp_path}"],
+                           capture_output=True, text=True, timeout=120)
   assert missing.returncode == 1
   assert f"{tmp_path / 'HARP.jsonl'} does not exist" in missing.stderr.splitlines()[-1]
-  built = run("--dataset=synthetic", f"--data_dir={tmp_path}")
-  assert built.returncode == 0, built.stderr
-  assert "synthetic/test: 300 examples" in built.stdout

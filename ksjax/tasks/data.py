@@ -89,23 +89,34 @@ def _examples(records: Iterator[Mapping[str, Any]], source: str) -> Iterator[tup
     yield record_id, {"id": record_id, "record": text}
 
 
+def _resolve(reference: str) -> Any:
+  """The object a "module:name" reference names (imported on first use)."""
+  module, name = reference.split(":")
+  return getattr(importlib.import_module(module), name)
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalFiles:
   """Where a dataset's published files are and how to read them.
 
   Attributes:
     name: the dataset's name (its directory under `data_dir`).
-    reader: "module:function", a function path -> Iterator[normalized record dict], imported
-      only when building (readers bring their own dependencies).
+    reader: "module:function" of a function path -> Iterator[normalized record dict]. Readers
+      and their format descriptions are imported only when needed (they bring their own
+      dependencies).
+    format: "module:NAME" of the reader's description of the accepted format.
     splits: split -> file or directory, relative to the manual directory.
-    format: what the files must be, for error messages.
+    split_field: if set, the reader reads the whole manual directory and a split keeps the
+      records whose `split_field` names it (MATH: ids relative to the MATH root, "test/algebra/
+      1.json", are how MATH-500 names the same problems).
     homepage: where the published files come from.
   """
   name: str
   reader: str
-  splits: Mapping[str, str]
   format: str
-  homepage: str
+  splits: Mapping[str, str]
+  split_field: str | None = None
+  homepage: str = ""
 
   @property
   def layout(self) -> str:
@@ -113,25 +124,22 @@ class LocalFiles:
 
 
 LOCAL_DATASETS = (
-    LocalFiles("math", "ksjax.tasks.math_data:read_math_dir", {"train": "train", "test": "test"},
-               "MATH's per-problem JSON files (<split>/<subject>/<n>.json with problem, level, "
-               "type, solution)", "https://github.com/hendrycks/math"),
-    LocalFiles("math500", "ksjax.tasks.math_data:read_math500_jsonl", {"test": "test.jsonl"},
-               "the MATH-500 JSONL file (one object per line: problem, solution, answer, subject, "
-               "level, unique_id)", "https://huggingface.co/datasets/HuggingFaceH4/MATH-500"),
+    LocalFiles("math", "ksjax.tasks.math_data:read_math_dir",
+               "ksjax.tasks.math_data:MATH_DIR_FORMAT", {"train": "train", "test": "test"},
+               split_field="split", homepage="https://github.com/hendrycks/math"),
+    LocalFiles("math500", "ksjax.tasks.math_data:read_math500_jsonl",
+               "ksjax.tasks.math_data:MATH500_FORMAT", {"test": "test.jsonl"},
+               homepage="https://huggingface.co/datasets/HuggingFaceH4/MATH-500"),
     # The paper trains on all of HARP.
-    LocalFiles("harp", "ksjax.tasks.math_data:read_harp_jsonl", {"train": "HARP.jsonl"},
-               "the HARP JSONL file (one object per line: problem, answer, solution_1.., level, "
-               "...)", "https://github.com/aadityasingh/HARP"),
+    LocalFiles("harp", "ksjax.tasks.math_data:read_harp_jsonl",
+               "ksjax.tasks.math_data:HARP_FORMAT", {"train": "HARP.jsonl"},
+               homepage="https://github.com/aadityasingh/HARP"),
     LocalFiles("code_contests", "ksjax.tasks.code_data:read_code_contests",
+               "ksjax.tasks.code_data:CODE_CONTESTS_FORMAT",
                {"train": "train", "valid": "valid", "test": "test"},
-               "CodeContests problems (name, description, public_tests/private_tests/"
-               "generated_tests, time_limit, memory_limit_bytes, ...) for each split",
-               "https://github.com/google-deepmind/code_contests"),
-    LocalFiles("taco", "ksjax.tasks.code_data:read_taco", {"train": "train", "test": "test"},
-               "TACO problems (question, input_output JSON with inputs/outputs/fn_name, "
-               "starter_code, difficulty, ...) for each split",
-               "https://huggingface.co/datasets/BAAI/TACO"),
+               homepage="https://github.com/google-deepmind/code_contests"),
+    LocalFiles("taco", "ksjax.tasks.code_data:read_taco", "ksjax.tasks.code_data:TACO_FORMAT",
+               {"train": "train", "test": "test"}, homepage="https://huggingface.co/datasets/BAAI/TACO"),
 )
 
 
@@ -145,9 +153,8 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
     cls.name = cls.SOURCE.name
     super().__init_subclass__(**kwargs)
     cls.MANUAL_DOWNLOAD_INSTRUCTIONS = (
-        f"Place {cls.SOURCE.format} in the manual directory ({cls.SOURCE.layout}).")
-    cls.DESCRIPTION = (f"{cls.name} from local files ({cls.SOURCE.format}), read by "
-                       f"{cls.SOURCE.reader}.")
+        f"Place the published files in the manual directory ({cls.SOURCE.layout}).")
+    cls.DESCRIPTION = f"{cls.name} from local files, read by {cls.SOURCE.reader}."
     cls.HOMEPAGE = cls.SOURCE.homepage
 
   @classmethod
@@ -156,22 +163,25 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
     source = cls.SOURCE
     if manual_dir is None:
       raise DataError(f"dataset {cls.name!r} is built from local files; pass manual_dir, a "
-                      f"directory holding {source.format} ({source.layout})")
+                      f"directory holding {source.layout}; expected {_resolve(source.format)}")
     paths = {split: os.path.join(os.fspath(manual_dir), rel) for split, rel in source.splits.items()}
     for path in paths.values():
       if not os.path.exists(path):
-        raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected {source.format} "
-                        f"({source.layout})")
+        raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected "
+                        f"{_resolve(source.format)} ({source.layout})")
     return paths
 
   def _split_generators(self, dl_manager):
     paths = self.check_manual_dir(dl_manager.manual_dir)
-    return {split: self._generate_examples(path) for split, path in paths.items()}
+    return {split: self._generate_examples(os.fspath(dl_manager.manual_dir), split, path)
+            for split, path in paths.items()}
 
-  def _generate_examples(self, path: str):
-    module, function = self.SOURCE.reader.split(":")
-    reader = getattr(importlib.import_module(module), function)
-    return _examples(reader(path), source=f"{self.name} ({path})")
+  def _generate_examples(self, manual_dir: str, split: str, path: str):
+    reader, field = _resolve(self.SOURCE.reader), self.SOURCE.split_field
+    if field is None:
+      return _examples(reader(path), source=f"{self.name} ({path})")
+    records = (r for r in reader(manual_dir) if r.get(field) == split)
+    return _examples(records, source=f"{self.name} ({path})")
 
 
 def local_files_builder(source: LocalFiles) -> type[LocalFilesBuilder]:
@@ -256,14 +266,24 @@ def build(name: str, *, data_dir: str | os.PathLike, manual_dir: str | os.PathLi
   return builder
 
 
-def load_records(name: str, split: str, *, data_dir: str | os.PathLike,
-                 **options) -> grain.MapDataset:
-  """A built split as a random-access MapDataset of normalized record dicts."""
+def _prepared(name: str, data_dir: str | os.PathLike, options) -> tfds.core.DatasetBuilder:
   builder = make_builder(name, data_dir=data_dir, **options)
   if not builder.is_prepared():
     raise DataError(f"dataset {name!r} is not built at {builder.data_path}; expected TFDS "
                     f"array_record files there: build it with ksjax.tasks.data.build({name!r}, "
                     f"data_dir=..., manual_dir=...) or `python -m ksjax.tasks.data`")
+  return builder
+
+
+def built_splits(name: str, *, data_dir: str | os.PathLike, **options) -> tuple[str, ...]:
+  """The splits of a built dataset, sorted."""
+  return tuple(sorted(_prepared(name, data_dir, options).info.splits))
+
+
+def load_records(name: str, split: str, *, data_dir: str | os.PathLike,
+                 **options) -> grain.MapDataset:
+  """A built split as a random-access MapDataset of normalized record dicts."""
+  builder = _prepared(name, data_dir, options)
   if split not in builder.info.splits:
     raise DataError(f"dataset {name!r} at {builder.data_path} has no split {split!r}; it has "
                     f"{', '.join(sorted(builder.info.splits))}")
