@@ -301,6 +301,11 @@ def test_malformed_records_raise_data_error(task):
   cc = task[0]
   with pytest.raises(DataError, match="tests"):
     cc.prompt_from_record({"id": "x", "problem": "p", "tests": []})
+  with pytest.raises(DataError, match="tests"):  # stdin tests must be text
+    cc.prompt_from_record({"id": "x", "problem": "p", "tests": [{"input": 1, "output": "1"}]})
+  with pytest.raises(DataError, match="tests"):  # call-based inputs are argument lists
+    cc.prompt_from_record({"id": "x", "problem": "p", "fn_name": "f",
+                           "tests": [{"input": "1", "output": 1}]})
   with pytest.raises(DataError, match="time_limit_s"):
     cc.prompt_from_record({"id": "x", "problem": "p", "tests": [{"input": "", "output": ""}],
                            "time_limit_s": -1})

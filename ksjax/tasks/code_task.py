@@ -135,15 +135,20 @@ class CodeTask(Task):
   @staticmethod
   def _validated(where: str, record: Mapping[str, Any]) -> dict[str, Any]:
     expected = ("expected records as yielded by ksjax.tasks.code_data readers: string id and "
-                "problem, tests [{input, output}] (non-empty), fn_name None or a string, "
-                "time_limit_s and memory_limit_bytes None or positive")
+                "problem, tests [{input, output}] (non-empty; strings, or an argument list and a "
+                "value when fn_name is set), fn_name None or a string, time_limit_s and "
+                "memory_limit_bytes None or positive")
     if not isinstance(record, Mapping):
       raise DataError(f"{where}: a {type(record).__name__}, not a record; {expected}")
     tests = record.get("tests")
     problems = [key for key in ("id", "problem")
                 if not isinstance(record.get(key), str) or not record[key].strip()]
+    call_based = isinstance(record.get("fn_name"), str)
     if not (isinstance(tests, list) and tests and all(
-        isinstance(t, Mapping) and "input" in t and "output" in t for t in tests)):
+        isinstance(t, Mapping) and "input" in t and "output" in t and (
+            isinstance(t["input"], list) if call_based
+            else isinstance(t["input"], str) and isinstance(t["output"], str))
+        for t in tests)):
       problems.append("tests")
     if not (record.get("fn_name") is None or isinstance(record["fn_name"], str)):
       problems.append("fn_name")

@@ -62,6 +62,12 @@ _STARTUP_ALLOWANCE_S = 5.0
 
 _log = logging.getLogger(__name__)
 
+# Program uids of this process (as root): a slot is taken for each running program.
+_UID_SLOTS = 64
+_uid_slots: queue.Queue[int] = queue.Queue()
+for _slot in range(_UID_SLOTS):
+  _uid_slots.put(_slot)
+
 VERDICTS = ("passed", "wrong_answer", "runtime_error", "time_limit", "output_limit",
             "sandbox_error")
 
@@ -87,9 +93,9 @@ class SandboxConfig:
     namespaces: use Linux namespaces where the host allows (False: resource limits only).
     python: the interpreter that runs the programs (it runs the runner too).
     temp_root: where temporary directories are made (default: the system's).
-    uid_base: the programs of this process run as uids uid_base + 64 * (pid mod 65536) + slot
-      when the trainer runs as root, so that concurrent sandboxes (in this and in other
-      processes) do not share an RLIMIT_NPROC count.
+    uid_base: as root, a program runs as uid uid_base + 64 * (pid mod 65536) + slot, where slot
+      (0..63) is free in this process while it runs: concurrent programs, in this and in other
+      processes, never share a uid, hence an RLIMIT_NPROC count.
   """
   workers: int = max(1, os.cpu_count() or 1)
   time_limit_s: float = 2.0
@@ -182,10 +188,18 @@ def _tokens(text: str) -> list[str]:
   return text.lower().split()
 
 
+def _integer_text(token: str) -> str:
+  """An integer token without "+" and leading zeros ("-0" is "0"): equal texts, equal values.
+  (int() refuses more than 4300 digits.)"""
+  sign = "-" if token[0] == "-" else ""
+  digits = token.lstrip("+-").lstrip("0") or "0"
+  return digits if digits == "0" else sign + digits
+
+
 def _numbers_match(a: str, b: str, tolerance: float) -> bool | None:
   """True/False for two numeric tokens; None when either is not a number."""
   if _INT_RE.fullmatch(a) and _INT_RE.fullmatch(b):
-    return int(a) == int(b)
+    return _integer_text(a) == _integer_text(b)
   if not (_FLOAT_RE.fullmatch(a) and _FLOAT_RE.fullmatch(b)):
     return None
   x, y = float(a), float(b)
@@ -332,9 +346,7 @@ class Sandbox:
 
   def __init__(self, config: SandboxConfig | None = None):
     self.config = config or SandboxConfig()
-    self._slots: queue.Queue[int] = queue.Queue()
-    for slot in range(self.config.workers):
-      self._slots.put(slot)
+    self._running = threading.BoundedSemaphore(self.config.workers)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._pool_lock = threading.Lock()
     self._report: dict | None = None
@@ -351,12 +363,10 @@ class Sandbox:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def uid(self, slot: int) -> int:
-    """The uid a program runs as in worker slot `slot` when the trainer runs as root."""
-    return self.config.uid_base + 64 * (os.getpid() % 65536) + slot
-
   def uids(self) -> range:
-    return range(self.uid(0), self.uid(self.config.workers - 1) + 1)
+    """The uids programs of this process may run as (when the trainer runs as root)."""
+    first = self.config.uid_base + _UID_SLOTS * (os.getpid() % 65536)
+    return range(first, first + _UID_SLOTS)
 
   def run_many(self, jobs: Sequence[Job]) -> list[Result]:
     """Runs `jobs` on the worker pool; results in the order of `jobs`."""
@@ -368,25 +378,17 @@ class Sandbox:
     return list(pool.map(self.run, jobs))
 
   def run(self, job: Job) -> Result:
-    """Runs one program on its tests (blocks while all worker slots are busy)."""
-    if not job.tests:
-      raise ValueError("a job needs at least one test")
-    slot = self._slots.get()
-    try:
-      return self._run(job, slot)
-    finally:
-      self._slots.put(slot)
+    """Runs one program on its tests (blocks while `workers` programs are running)."""
+    _check_tests(job)
+    with self._running:
+      return self._run(job)
 
   def isolation_report(self) -> dict[str, Any]:
     """What isolation is in force here, found by running a probe program (once)."""
     if self._report is None:
       hello: dict[str, Any] = {}
-      slot = self._slots.get()
-      try:
-        result = self._run(Job(program="print(input())", tests=[{"input": "1", "output": "1"}]),
-                           slot, hello_out=hello)
-      finally:
-        self._slots.put(slot)
+      result = self._run(Job(program="print(input())", tests=[{"input": "1", "output": "1"}]),
+                         hello_out=hello)
       self._report = _describe(self.config, hello, result)
     return dict(self._report)
 
@@ -401,11 +403,17 @@ class Sandbox:
     memory = job.memory_limit_bytes if job.memory_limit_bytes else cfg.memory_bytes
     return cpu_s, wall_s, int(min(memory, cfg.max_memory_bytes))
 
-  def _run(self, job: Job, slot: int, hello_out: dict | None = None) -> Result:
+  def _run(self, job: Job, hello_out: dict | None = None) -> Result:
+    slot = _uid_slots.get()
+    try:
+      return self._run_as(job, self.uids()[slot], hello_out)
+    finally:
+      _uid_slots.put(slot)
+
+  def _run_as(self, job: Job, uid: int, hello_out: dict | None) -> Result:
     cfg = self.config
     cpu_s, wall_s, memory = self._limits(job)
     call_based = job.fn_name is not None
-    uid = self.uid(slot)
     workdir = tempfile.mkdtemp(prefix="ksjax-sandbox-", dir=cfg.temp_root)
     try:
       if os.geteuid() == 0:
@@ -490,13 +498,26 @@ class Sandbox:
       runner.stop()
 
 
+def _check_tests(job: Job) -> None:
+  """ValueError for tests the runner cannot take (bad data, never the program's doing)."""
+  if not job.tests:
+    raise ValueError("a job needs at least one test")
+  for index, test in enumerate(job.tests):
+    if not isinstance(test, Mapping) or "input" not in test or "output" not in test:
+      raise ValueError(f"test {index} is not a mapping with 'input' and 'output'")
+    if job.fn_name is not None and not isinstance(test["input"], list):
+      raise ValueError(f"test {index}: a call-based input is the list of arguments")
+    if job.fn_name is None:
+      _as_text(test["input"]), _as_text(test["output"])
+
+
 def _as_text(value: Any) -> str:
   """Stdin as text; lists of lines (as some TACO problems store them) are joined."""
   if isinstance(value, str):
     return value
   if isinstance(value, list) and all(isinstance(v, str) for v in value):
     return "\n".join(value)
-  raise ValueError(f"a stdin test input must be a string or a list of lines, got {type(value)}")
+  raise ValueError(f"a stdin/stdout test is a string or a list of lines, not {type(value)}")
 
 
 def _judge(verdict: str, payload: bytes, test: Mapping[str, Any], call_based: bool
