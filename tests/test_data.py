@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -11,10 +10,10 @@ import grain
 import orbax.checkpoint as ocp
 import pytest
 
-from ksjax.tasks import code_data, data, math_data, synthetic
+import dataset_files
+from ksjax.tasks import data, synthetic
 from ksjax.tasks.base import DataError
 
-MATH_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "math")
 SIZES = {"train_per_level": 12, "test_per_level": 8}  # 48 + ~12 train, 40 test problems
 
 
@@ -108,67 +107,9 @@ def test_local_files_builder_reads_through_its_reader(tmp_path, monkeypatch):
   assert sorted(stored, key=lambda r: r["id"]) == records
 
 
-def _write_jsonl(path, rows):
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
-def _code_contests_row(name, n_tests):
-  tests = {"input": [f"{i} {i}\n" for i in range(n_tests)],
-           "output": [f"{2 * i}\n" for i in range(n_tests)]}
-  return {"name": name, "description": f"Print twice the number ({name}).", "public_tests": tests,
-          "private_tests": {"input": [], "output": []}, "generated_tests": None,
-          "time_limit": {"seconds": 1, "nanos": 0}, "memory_limit_bytes": 1 << 28,
-          "difficulty": 1, "source": 2, "input_file": "", "output_file": "",
-          "solutions": {"language": [3], "solution": ["print(2 * int(input().split()[0]))"]}}
-
-
-def _taco_row(question, n_tests):
-  spec = {"inputs": [f"{i}\n" for i in range(n_tests)], "outputs": [f"{i}\n" for i in range(n_tests)]}
-  return {"question": question, "input_output": json.dumps(spec), "starter_code": "",
-          "difficulty": "EASY", "solutions": json.dumps(["print(input())"]),
-          "time_limit": "1 second", "memory_limit": "256 megabytes"}
-
-
-def _math_files(manual):
-  shutil.copytree(os.path.join(MATH_FIXTURES, "MATH"), manual)
-  return {split: [r for r in math_data.read_math_dir(str(manual)) if r["split"] == split]
-          for split in ("train", "test")}
-
-
-def _math500_files(manual):
-  manual.mkdir()
-  shutil.copy(os.path.join(MATH_FIXTURES, "math500.jsonl"), manual / "test.jsonl")
-  return {"test": list(math_data.read_math500_jsonl(str(manual / "test.jsonl")))}
-
-
-def _harp_files(manual):
-  manual.mkdir()
-  shutil.copy(os.path.join(MATH_FIXTURES, "harp.jsonl"), manual / "HARP.jsonl")
-  return {"train": list(math_data.read_harp_jsonl(str(manual / "HARP.jsonl")))}
-
-
-def _code_contests_files(manual):
-  for split, names in (("train", ["1_A", "1_B", "2_A"]), ("valid", ["3_A"]), ("test", ["4_A"])):
-    # Two shards of the train split; 1_B has too few tests and is dropped by the reader.
-    for shard, rows in enumerate([names[:1], names[1:]] if split == "train" else [names]):
-      _write_jsonl(manual / split / f"{split}-{shard:05d}.jsonl",
-                   [_code_contests_row(n, 2 if n == "1_B" else 5) for n in rows])
-  return {split: list(code_data.read_code_contests(str(manual / split)))
-          for split in ("train", "valid", "test")}
-
-
-def _taco_files(manual):
-  _write_jsonl(manual / "train" / "data.jsonl", [_taco_row(f"Echo {i}.", 5) for i in range(3)])
-  _write_jsonl(manual / "test" / "data.jsonl", [_taco_row("Echo.", 6), _taco_row("Few.", 1)])
-  return {split: list(code_data.read_taco(str(manual / split))) for split in ("train", "test")}
-
-
-@pytest.mark.parametrize("name, make_files", [
-    ("math", _math_files), ("math500", _math500_files), ("harp", _harp_files),
-    ("code_contests", _code_contests_files), ("taco", _taco_files)])
-def test_builds_each_dataset_from_its_published_format(tmp_path, name, make_files):
-  expected = make_files(tmp_path / "manual")
+@pytest.mark.parametrize("name", sorted(dataset_files.WRITERS))
+def test_builds_each_dataset_from_its_published_format(tmp_path, name):
+  expected = dataset_files.WRITERS[name](tmp_path / "manual")
   assert all(expected.values())
   data.build(name, data_dir=tmp_path / "out", manual_dir=tmp_path / "manual")
   assert data.built_splits(name, data_dir=tmp_path / "out") == tuple(sorted(expected))

@@ -1,0 +1,54 @@
+"""Tasks by name: the one place that maps a config's task name to a `Task`.
+
+"synthetic" is generated in memory and brings its own character tokenizer. The others read a
+dataset built by `ksjax.tasks.data` (array_record files under `data_dir`) and tokenize with the
+model's tokenizer. Task modules are imported only when their task is asked for, so the
+embedded task does not start math-verify worker pools or load the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ksjax.tasks import data
+from ksjax.tasks.base import Task
+from ksjax.tokenization import Tokenizer
+
+MATH_TASKS = ("math", "math500", "harp")
+CODE_TASKS = ("code_contests", "taco")
+TASKS = ("synthetic",) + MATH_TASKS + CODE_TASKS
+
+
+def make_task(name: str, *, tokenizer: Tokenizer | None = None,
+              data_dir: str | os.PathLike | None = None, splits: Sequence[str] | None = None,
+              **options: Any) -> Task:
+  """The task `name`.
+
+  Args:
+    name: one of TASKS.
+    tokenizer: the model's tokenizer; required except for "synthetic" (default: its own).
+    data_dir: where `ksjax.tasks.data.build` put the dataset; required except for "synthetic".
+    splits: the splits to hold in memory for `Task.prompts` (default: every built split). Pass
+      () when prompts come only from the data pipeline (`batch_iterator(load_records(...),
+      transform=task.prompt_from_record)`), e.g. for CodeContests, whose tests are large.
+    **options: keyword arguments of the task class (`SyntheticTask`, `MathTask`, `CodeTask`),
+      e.g. rewards, worker counts, the synthetic task's seed and sizes.
+  """
+  if name not in TASKS:
+    raise ValueError(f"task {name!r} is not accepted; expected one of {', '.join(TASKS)}")
+  if name == "synthetic":
+    from ksjax.tasks.synthetic import SyntheticTask  # pylint: disable=g-import-not-at-top
+    return SyntheticTask(tokenizer=tokenizer, **options)
+  if tokenizer is None or data_dir is None:
+    raise ValueError(f"task {name!r} needs the model's tokenizer and the data_dir of its built "
+                     "dataset (see ksjax.tasks.data.build)")
+  if splits is None:
+    splits = data.built_splits(name, data_dir=data_dir)
+  records = {split: data.load_records(name, split, data_dir=data_dir) for split in splits}
+  if name in MATH_TASKS:
+    from ksjax.tasks.math_task import MathTask  # pylint: disable=g-import-not-at-top
+    return MathTask(records, tokenizer, name=name, **options)
+  from ksjax.tasks.code_task import CodeTask  # pylint: disable=g-import-not-at-top
+  return CodeTask(records, tokenizer, name=name, **options)
