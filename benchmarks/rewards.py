@@ -176,10 +176,11 @@ def bench_code(configs: tuple[tuple[int, bool], ...] = ((1, True), (2, True), (2
                                       "cpu_ms_per_program": cpu_ms}
     print(f"{workers:>8} {str(namespaces):>11} {level:>13} {programs / elapsed:>11.1f} "
           f"{programs * tests / elapsed:>8.1f} {cpu_ms:>15.1f}")
-  if (1, True) in results and (2, True) in results:
-    print(f"2 workers / 1 worker: {results[(2, True)]['programs_per_s'] / results[(1, True)]['programs_per_s']:.2f}x")
-  if (2, True) in results and (2, False) in results:
-    print(f"namespaces on / off: {results[(2, True)]['programs_per_s'] / results[(2, False)]['programs_per_s']:.2f}x")
+  rate = {config: r["programs_per_s"] for config, r in results.items()}
+  if (1, True) in rate and (2, True) in rate:
+    print(f"2 workers / 1 worker: {rate[(2, True)] / rate[(1, True)]:.2f}x")
+  if (2, True) in rate and (2, False) in rate:
+    print(f"namespaces on / off: {rate[(2, True)] / rate[(2, False)]:.2f}x")
   return results
 
 

@@ -285,10 +285,11 @@ def test_score_rewards_and_answer_classes(task):
 
 def test_score_groups_and_custom_rewards(task, sandbox):
   records = list(code_data.read_taco(task[2] / "taco.jsonl"))
-  task01 = code_task.CodeTask({"test": records}, make_tokenizer(), reward_correct=1.0, reward_wrong=0.0,
-                              sandbox=sandbox)
+  task01 = code_task.CodeTask({"test": records}, make_tokenizer(), reward_correct=1.0,
+                              reward_wrong=0.0, sandbox=sandbox)
   stdio, call = task01.prompts("test")
-  right_call = "```python\nclass Solution:\n    def multiply(self, a, b):\n        return a * b\n```"
+  right_call = ("```python\nclass Solution:\n    def multiply(self, a, b):\n"
+                "        return a * b\n```")
   wrong_call = "```python\ndef multiply(a, b):\n    return a + b\n```"
   scores = task01.score([stdio, call], [[f"```python\n{ADD_SOLUTION}\n```"],
                                         [wrong_call, right_call]])

@@ -294,7 +294,8 @@ def test_memory_hog(sandbox, temp_root):
 
 
 def test_gigabyte_of_output(sandbox, temp_root):
-  program = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n  sys.stdout.write(chunk)\n"
+  program = ("import sys\nchunk = 'x' * (1 << 20)\n"
+             "for _ in range(1024):\n  sys.stdout.write(chunk)\n")
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
   start = time.monotonic()
   result = _run_attack(sandbox, temp_root, program)

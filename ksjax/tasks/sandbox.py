@@ -14,15 +14,17 @@ design keeps the trusted and untrusted parts apart:
   a program's tests cost one interpreter start, not one each, while each test keeps its own CPU
   limit and wall clock. The first failing test ends the program (the reward needs every test),
   which also bounds the time a wrong program takes.
-* A watchdog kills the runner's whole process group once the program's time is up; killing the
-  runner ends its PID namespace, and the kernel kills every process in it.
+* A watchdog kills the runner (through a pidfd, so never a recycled pid) once the program's time
+  is up; the runner's init dies with it, and the kernel then kills every process of its PID
+  namespace.
 * A bounded pool of worker threads drives the runners; results are read as length-prefixed frames
   whose size RLIMIT_FSIZE bounds, so a gigabyte of output never reaches this process.
 
 What the host allows is detected at run time; `isolation_report()` says what is in force (the
 trainer writes it to the run's log). On Linux with root or unprivileged user namespaces everything
-above holds. Elsewhere the sandbox falls back to resource limits and process groups, and the report
-says so.
+above holds ("full"). Where namespaces are forbidden (e.g. a container without CAP_SYS_ADMIN)
+the sandbox falls back to resource limits, an unprivileged uid (as root) and a child subreaper
+that kills escaped processes ("rlimits_only"): no network or file-system isolation then.
 
 Comparison follows the official CodeContests checker: outputs are split on whitespace and
 lower-cased; token lists equal, or of equal length with every pair equal, where two numeric tokens

@@ -1,38 +1,44 @@
 """The trusted half of the code sandbox: runs one untrusted program on its tests.
 
 `ksjax.tasks.sandbox` starts this file as `python -I -S -B sandbox_runner.py` in a fresh session
-with a scrubbed environment and a fresh working directory, writes one JSON job to its stdin, and
-reads the results from its stdout. It imports only the standard library (it runs without
-site-packages) and never sees expected outputs: it returns what the program printed and the parent
-judges it, so a program that takes over the runner's memory can learn nothing it could not compute.
+with an environment of PATH and LANG only and a fresh working directory, writes one job to its
+stdin, and reads the results from its stdout. It imports only the standard library (it runs
+without site-packages) and never sees expected outputs: it returns what the program printed and
+the parent judges it, so a program that takes over the runner's memory learns nothing it could
+not compute.
 
-Isolation, strongest available first (what was achieved is reported in the `hello` header):
+Isolation, as far as the host allows (what was achieved is reported in the `hello` header):
 
-1. Namespaces. As root: new mount, network, PID, IPC and UTS namespaces; as another user: the same
-   inside a new user namespace. The network namespace has only a downed loopback, so no socket can
-   reach anything. The mount namespace re-mounts every file system read-only and puts private,
-   size-capped tmpfs over the world-writable directories (/tmp, /var/tmp, /dev/shm, /run/lock) and
-   over the working directory, so nothing the program writes survives it. The runner forks an
-   init process (PID 1 of the new PID namespace) that runs the tests; when it exits the kernel kills
-   every process left in the namespace, and after each test it kills them itself (`kill(-1)`), so
-   background processes, daemons and `setsid` escapes end with the test. A fresh /proc hides
-   every process outside the namespace, and PID 1 ignores signals sent from inside it.
-2. Privileges. The program runs as an unprivileged uid chosen by the parent (as root), or with all
-   capabilities dropped (as another user), with no supplementary groups and `no_new_privs`.
+1. Namespaces. As root: new mount, network, PID, IPC and UTS namespaces; as another user: the
+   same inside a new user namespace. The network namespace has only a downed loopback, so no
+   socket reaches anything (abstract Unix sockets included). The program sees a minimal root
+   (chroot): the system directories and the interpreter's prefix bind-mounted read-only, the
+   directories of executables noexec (no shell, no subprocess), five devices, a fresh /proc that
+   shows only the sandbox's processes, and private size-capped tmpfs for /tmp, /var/tmp,
+   /dev/shm and the working directory; home directories, datasets and this repository do not
+   exist in it, and nothing it writes outlives it. The runner forks an init process (PID 1 of
+   the new PID namespace) that runs the tests: after each test it kills every other process in
+   the namespace (`kill(-1)`), so daemons and `setsid` escapes end with the test, and when it
+   exits the kernel kills whatever is left. PID 1 ignores signals sent from inside.
+2. Privileges. The program runs as an unprivileged uid chosen by the parent (as root), or with
+   all capabilities dropped (as another user), with no supplementary groups and `no_new_privs`.
 3. Resource limits, set in the forked child before any program code runs: RLIMIT_CPU (per test),
    RLIMIT_AS (memory), RLIMIT_FSIZE (output and files), RLIMIT_CORE=0, RLIMIT_NOFILE and
-   RLIMIT_NPROC. RLIMIT_NPROC counts the tasks of a uid, and the kernel ignores it for root: it
-   holds because the program is not root (level 2) and its uid (or user namespace) is private to
-   this sandbox, which is what stops fork bombs.
+   RLIMIT_NPROC. RLIMIT_NPROC counts the tasks of a uid and the kernel ignores it for root: it
+   stops fork bombs because the program is not root (2.) and its uid (as root: a uid no other
+   running program has) or user namespace (otherwise) is its own.
+
+Without namespaces (a container that forbids them) only 2. and 3. hold, and the runner makes
+itself a child subreaper so that escaped processes are still re-parented to it and killed.
 
 Each test runs in a child forked from the init process (about a millisecond, against tens for a
 new interpreter), so every test starts from the same clean state with its own CPU limit and wall
 clock. Stdin, stdout and stderr are anonymous memory files (memfd): RLIMIT_FSIZE caps what a
 program can write, and no path exists that a program could swap for a symlink or a FIFO.
 
-Protocol. stdin: one job, marshalled (see `ksjax.tasks.sandbox.Sandbox._run`). stdout: lines of
-JSON; a line with key "test" is followed by exactly `bytes` bytes of the program's output (stdio tests) or of the
-JSON-encoded return value (call-based tests).
+Protocol. stdin: one job, marshalled (see `ksjax.tasks.sandbox.Sandbox._run_as`). stdout: lines
+of JSON; a line with key "test" is followed by exactly `bytes` bytes: the program's output (stdin/
+stdout tests) or its JSON-encoded return value (call-based tests).
 """
 
 import ctypes
@@ -141,8 +147,9 @@ def _build_root(root, job):
   # Directories of executables are mounted noexec: the interpreter is already running, and no
   # program needs a shell or another binary (libraries stay executable for extension modules).
   for directory in EXECUTABLE_DIRS + (prefix + "/bin",):
-    if os.path.isdir(directory) and not os.path.islink(directory) and os.path.isdir(root + directory):
-      _bind_read_only(directory, root + directory, MS_NOEXEC)
+    inside = root + directory
+    if os.path.isdir(directory) and not os.path.islink(directory) and os.path.isdir(inside):
+      _bind_read_only(directory, inside, MS_NOEXEC)
   os.makedirs(root + "/dev/shm")
   for device in DEVICES:
     open(root + "/dev/" + device, "w").close()
@@ -424,7 +431,6 @@ def _init(job, report, out):
   """The test loop; PID 1 of the sandbox's PID namespace when there is one."""
   in_pid_namespace = "pid" in report["namespaces"]
   if in_pid_namespace:
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the runner's death ends the namespace
     try:
       if report["minimal_root"]:
         _mount("proc", job["workdir"] + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -462,6 +468,7 @@ def main():
   if child == 0:
     code = 1
     try:
+      _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the runner's death ends the namespace
       _init(job, report, out)
       code = 0
     except BaseException:
