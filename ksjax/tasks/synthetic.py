@@ -6,9 +6,8 @@ with a running total, one operation per step, ending in the MATH-style sentence:
   7+3-5+2 mod 10
   7-5=2, 2+2=4, 4+3=7. The final answer is 7.
 
-Why this task. It needs no download, a tiny character-level Llama (2 layers, width 64-128) learns
-its steps on two CPU cores in minutes, its answers are verifiable exactly, and it has what
-k-sample objectives need:
+Why this task. It needs no download, a tiny character-level model learns it on CPU in
+minutes, its answers are verifiable exactly, and it has what k-sample objectives need:
 
 * Several valid routes. The terms may be added in any order that starts from an added term (a
   route starting from `-5` would need a negative running total), so a problem with p added
@@ -17,15 +16,29 @@ k-sample objectives need:
   pass@k differs from pass@1.
 * A difficulty ladder set by the carried state, not by new skills. Every step is one lookup in
   the same 200-entry table (running total, sign, digit) -> total, which every training problem
-  of level L shows L times, so level 1 (a single lookup) is learnt almost at once. What grows
-  with the level is the bookkeeping: copy the running total, pick a term not used yet (with
-  its sign) among up to six, and stop after exactly L steps. A step that reuses or skips a
-  term yields a plausible but wrong total, and errors compound: with a per-step success q,
-  level L succeeds with about q^L, so for a warmed-up model at temperature 1 (q of 0.6-0.85)
-  level 1 is solved 60-85% of the time and level 5 8-45%: the 10-50% regime, on average,
-  where training for pass@k and training for the mean differ.
+  of level L shows L times; level 1 is that lookup alone. What grows with the level is the
+  bookkeeping: copy the running total, pick a term not used yet (with its sign) among up to
+  six, and stop after exactly L steps. A step that reuses or skips a term yields a plausible
+  but wrong total, and errors compound: with a per-step success q, level L succeeds with about
+  q^L.
 * Ten possible answers (0-9), so wrong answers split over several classes and majority voting
   is a real choice.
+
+What a tiny model makes of it (measured once, before ksjax's trainer existed, with a stand-in: a
+2-layer width-64 causal transformer in torch with learnt absolute positions, AdamW 3e-3, batches
+of 64 reference solutions from the default splits, 8 samples per test problem at temperature 1):
+
+  warm-up steps   pass@1 (levels 1..5)             pass@1   pass@8   steps with right arithmetic
+  1000            0.40 0.42 0.25 0.14 0.11          0.27     0.76     (table not yet learnt)
+  2000            0.86 0.94 0.86 0.78 0.57          0.80     1.00     98.8%
+
+The table is learnt in a jump between about 1000 and 1500 steps; after it, the errors left are
+bookkeeping ones, which grow with the level (terms used exactly: 96% of samples at level 1, 57%
+at level 5). So the warm-up length places the start: a short warm-up starts RL in the 10-50%
+regime where training for pass@k and for the mean differ, and `levels` can drop the easy
+levels. Level 1 trails level 2 in the stand-in: its training split is small (below) and its
+prompts are the shortest, the positions learnt absolute embeddings see least (whether
+Llama's relative RoPE closes the gap is not measured yet).
 
 Sequences stay short for CPU speed: at level 5 the prompt has 19 characters and a solution 57.
 
