@@ -28,18 +28,17 @@ What a tiny model makes of it (measured once, before ksjax's trainer existed, wi
 2-layer width-64 causal transformer in torch with learnt absolute positions, AdamW 3e-3, batches
 of 64 reference solutions from the default splits, 8 samples per test problem at temperature 1):
 
-  warm-up steps   pass@1 (levels 1..5)             pass@1   pass@8   steps with right arithmetic
-  1000            0.40 0.42 0.25 0.14 0.11          0.27     0.76     not measured (loss on a plateau)
-  2000            0.86 0.94 0.86 0.78 0.57          0.80     1.00     98.8%
+  warm-up steps   pass@1 by level 1..5        pass@1   pass@8   steps with right arithmetic
+  1000            0.40 0.42 0.25 0.14 0.11     0.27     0.76     not measured
+  2000            0.86 0.94 0.86 0.78 0.57     0.80     1.00     98.8%
 
 The training loss sits on a plateau (0.25-0.29) until about 1000 steps and drops by 1250, when
-the table is learnt; after it, the errors left are
-bookkeeping ones, which grow with the level (terms used exactly: 96% of samples at level 1, 57%
-at level 5). So the warm-up length places the start: a short warm-up starts RL in the 10-50%
-regime where training for pass@k and for the mean differ, and `levels` can drop the easy
-levels. Level 1 trails level 2 in the stand-in: its training split is small (below) and its
-prompts are the shortest, the positions learnt absolute embeddings see least (whether
-Llama's relative RoPE closes the gap is not measured yet).
+the table is learnt; the errors left after it are bookkeeping ones, which grow with the level
+(terms used exactly: 96% of samples at level 1, 57% at level 5). So the warm-up length places
+the start: a short warm-up starts RL in the 10-50% regime where training for pass@k and for
+the mean differ, and `levels` can drop the easy levels. Level 1 trails level 2 in the
+stand-in: its training split is small (below) and its prompts are the shortest, the positions
+learnt absolute embeddings see least (whether Llama's RoPE closes the gap is not measured).
 
 Sequences stay short for CPU speed: at level 5 the prompt has 19 characters and a solution 57.
 
