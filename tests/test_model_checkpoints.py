@@ -83,6 +83,14 @@ def test_sharded_index_loads_onto_a_mesh(original, tmp_path):
     np.testing.assert_array_equal(np.asarray(leaf[...]), np.asarray(want[path][...]))
 
 
+def test_value_head_is_added_zeroed_and_not_exported(hf_dir, tmp_path):
+  llama, cfg = model.load_hf(hf_dir, value_head=True)
+  assert cfg.value_head and not np.any(np.asarray(llama.value_head[...]))
+  out = str(tmp_path / "export")
+  model.save_hf(llama, cfg, out)
+  assert "value_head" not in str(load_file(os.path.join(out, "model.safetensors")).keys())
+
+
 def test_bfloat16_load(hf_dir, original):
   llama, cfg = model.load_hf(hf_dir, dtype="bfloat16")
   assert cfg.param_dtype == cfg.dtype == "bfloat16"

@@ -193,15 +193,16 @@ def _default_sharding() -> jax.sharding.Sharding:
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
-def load_hf(path: str, mesh: jax.sharding.Mesh | None = None,
-            dtype: str = "float32") -> tuple[Llama, LlamaConfig]:
+def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, dtype: str = "float32",
+            value_head: bool = False) -> tuple[Llama, LlamaConfig]:
   """Loads a Hugging Face Llama directory onto `mesh` (or the default device when None).
 
-  Parameters are stored and computed in `dtype` ("float32" or "bfloat16"). Raises ConfigError for a
-  config.json that is not a supported Llama, CheckpointError for missing/unexpected/misshapen
-  tensors; in both cases before any parameter is placed.
+  Parameters are stored and computed in `dtype` ("float32" or "bfloat16"). `value_head=True` adds
+  a zero-initialised scalar value head (PPO critic), which HF checkpoints do not have. Raises
+  ConfigError for a config.json that is not a supported Llama, CheckpointError for
+  missing/unexpected/misshapen tensors; in both cases before any parameter is placed.
   """
-  cfg = read_config(path, dtype)
+  cfg = dataclasses.replace(read_config(path, dtype), value_head=value_head)
   if mesh is not None:
     sharding.check_divisible(cfg, mesh)
   maps = tensor_maps(cfg)
@@ -211,7 +212,8 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None,
 
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
   abstract_params = dict(nnx.to_flat_state(abstract))
-  if set(abstract_params) != {m.path for m in maps}:  # the table and the model must agree
+  new_params = {("value_head",), ("value_bias",)} if value_head else set()
+  if set(abstract_params) != {m.path for m in maps} | new_params:  # table and model must agree
     raise AssertionError("hf_io.tensor_maps is out of date with Llama's parameters")
 
   if "lm_head.weight" in skippable:
@@ -221,15 +223,19 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None,
                             "but config.json says tie_word_embeddings=true")
     del embed
 
-  placed = {}
+  def target(path_):
+    return (_default_sharding() if mesh is None
+            else jax.sharding.NamedSharding(mesh, sharding.partition_spec(path_)))
+
+  placed = {p: jax.device_put(jnp.zeros(abstract_params[p].shape, jnp.dtype(dtype)), target(p))
+            for p in new_params}
   for m in maps:
     leaf = abstract_params[m.path]
-    target = (_default_sharding() if mesh is None
-              else jax.sharding.NamedSharding(mesh, sharding.partition_spec(m.path)))
     host = m.to_ours(_read(files[m.hf_name], m.hf_name)).astype(jnp.dtype(dtype))
     if host.shape != leaf.shape:
       raise AssertionError(f"{m.hf_name}: converted to {host.shape}, model wants {leaf.shape}")
-    placed[m.path] = jax.make_array_from_callback(host.shape, target, lambda idx, h=host: h[idx])
+    placed[m.path] = jax.make_array_from_callback(host.shape, target(m.path),
+                                                  lambda idx, h=host: h[idx])
     del host
 
   state = nnx.from_flat_state({p: abstract_params[p].replace(placed[p]) for p in placed})
@@ -250,7 +256,8 @@ def save_hf(llama: Llama, cfg: LlamaConfig, out_path: str,
             max_shard_bytes: int = _MAX_SHARD_BYTES) -> None:
   """Writes config.json and safetensors (sharded with an index above `max_shard_bytes`).
 
-  Tensors are fetched to the host one at a time. The directory is written under a temporary name
+  Only the language model is written (HF Llama has no value head). Tensors are fetched to the
+  host one at a time. The directory is written under a temporary name
   and renamed into place, so `out_path` either holds a complete checkpoint or is left untouched.
   """
   if os.path.exists(out_path) and os.listdir(out_path):
