@@ -29,7 +29,8 @@ def _code_contests_row(name, n_tests):
 
 
 def _taco_row(question, n_tests):
-  spec = {"inputs": [f"{i}\n" for i in range(n_tests)], "outputs": [f"{i}\n" for i in range(n_tests)]}
+  lines = [f"{i}\n" for i in range(n_tests)]
+  spec = {"inputs": lines, "outputs": lines}
   return {"question": question, "input_output": json.dumps(spec), "starter_code": "",
           "difficulty": "EASY", "solutions": json.dumps(["print(input())"]),
           "time_limit": "1 second", "memory_limit": "256 megabytes"}

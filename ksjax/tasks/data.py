@@ -11,7 +11,7 @@ directory, `try_download_gcs=False`, and tfds's download directory is a temporar
 removed afterwards. A missing input is one `DataError` naming the expected path and format,
 raised before anything is written.
 
-  python -m ksjax.tasks.data --dataset=math --manual_dir=~/MATH --data_dir=~/ksjax_data
+  python -m ksjax.tasks.data --dataset=math --manual_dir=path/to/MATH --data_dir=path/to/built
 
 Reading (every run). `load_records` opens a built split as a random-access grain `MapDataset`
 of decoded records; `batch_iterator` turns it (or any sequence, e.g. `task.prompts("train")`)
@@ -139,7 +139,8 @@ LOCAL_DATASETS = (
                {"train": "train", "valid": "valid", "test": "test"},
                homepage="https://github.com/google-deepmind/code_contests"),
     LocalFiles("taco", "ksjax.tasks.code_data:read_taco", "ksjax.tasks.code_data:TACO_FORMAT",
-               {"train": "train", "test": "test"}, homepage="https://huggingface.co/datasets/BAAI/TACO"),
+               {"train": "train", "test": "test"},
+               homepage="https://huggingface.co/datasets/BAAI/TACO"),
 )
 
 
@@ -164,7 +165,8 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
     if manual_dir is None:
       raise DataError(f"dataset {cls.name!r} is built from local files; pass manual_dir, a "
                       f"directory holding {source.layout}; expected {_resolve(source.format)}")
-    paths = {split: os.path.join(os.fspath(manual_dir), rel) for split, rel in source.splits.items()}
+    paths = {split: os.path.join(os.fspath(manual_dir), relative)
+             for split, relative in source.splits.items()}
     for path in paths.values():
       if not os.path.exists(path):
         raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected "

@@ -80,8 +80,8 @@ CHARACTERS = tuple(c for c in string.printable if c not in "\t\r\x0b\x0c")
 _PROMPT_SUFFIX = f" mod {MODULUS}\n"
 _ANSWER_TEMPLATE = ". The final answer is {}."
 _STEP_SEPARATOR = ", "
-_PROMPT_RE = re.compile(rf"([0-9](?:[+-][0-9]){{{LEVELS[0]},{LEVELS[-1]}}}){re.escape(_PROMPT_SUFFIX)}",
-                        re.ASCII)
+_PROMPT_RE = re.compile(
+    rf"([0-9](?:[+-][0-9]){{{LEVELS[0]},{LEVELS[-1]}}}){re.escape(_PROMPT_SUFFIX)}", re.ASCII)
 # The phrase that introduces the answer; the last occurrence in a completion counts.
 _PHRASE_RE = re.compile(r"final answer is", re.IGNORECASE)
 # What may follow the phrase: optional ":", "$" or "\boxed{", then an integer written in ASCII
@@ -142,7 +142,7 @@ def parse_problem(text: str) -> Problem:
 
 
 def is_route(problem: Problem, order: Sequence[int]) -> bool:
-  """Whether `order` (a permutation of term indices) is a valid route: it starts with an added term."""
+  """Whether `order`, a permutation of term indices, is a route: it starts with an added term."""
   return sorted(order) == list(range(problem.level + 1)) and problem.signs[order[0]] == "+"
 
 
@@ -344,7 +344,8 @@ class SyntheticTask(Task):
                       f"but {problem.expression} mod {MODULUS} is {problem.answer}")
     return self._prompt(problem)
 
-  def score(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[str]]) -> list[GroupScore]:
+  def score(self, prompts: Sequence[Prompt],
+            completions: Sequence[Sequence[str]]) -> list[GroupScore]:
     if len(prompts) != len(completions):
       raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
     scores = []
