@@ -118,15 +118,29 @@ def test_code_contests_enums_as_names(tmp_path):
   assert record["solutions"] == ["print(3)"]
 
 
-def test_read_code_contests_parquet_directory(tmp_path):
-  pa = pytest.importorskip("pyarrow")
-  import pyarrow.parquet as pq
+def test_read_code_contests_parquet_shards(tmp_path):
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top  (a tensorflow-datasets dependency)
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   rows = cc_rows()
-  for i, shard in enumerate((rows[:2], rows[2:])):
-    pq.write_table(pa.Table.from_pylist(shard), tmp_path / f"train-0000{i}-of-00002.parquet")
-  from_parquet = list(code_data.read_code_contests(tmp_path))
-  from_jsonl = list(code_data.read_code_contests(write_jsonl(tmp_path.parent / "cc.jsonl", rows)))
-  assert from_parquet == from_jsonl
+  data = tmp_path / "data"
+  data.mkdir()
+  for i, shard in enumerate((rows[:2], rows[2:])):  # Hugging Face's layout
+    pq.write_table(pa.Table.from_pylist(shard), data / f"train-0000{i}-of-00002.parquet")
+  pq.write_table(pa.Table.from_pylist(rows[:1]), data / "test-00000-of-00001.parquet")
+  from_jsonl = list(code_data.read_code_contests(write_jsonl(tmp_path / "cc.jsonl", rows)))
+  assert list(code_data.read_code_contests(data / "train")) == from_jsonl  # a shard prefix
+  (data / "test-00000-of-00001.parquet").unlink()
+  assert list(code_data.read_code_contests(data)) == from_jsonl  # a directory
+
+
+def test_read_taco_arrow_stream(tmp_path):
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  table = pa.Table.from_pylist(taco_rows())
+  (tmp_path / "train").mkdir()
+  with pa.ipc.new_stream(tmp_path / "train" / "data-00000-of-00001.arrow", table.schema) as writer:
+    writer.write_table(table, max_chunksize=2)  # two record batches
+  from_jsonl = list(code_data.read_taco(write_jsonl(tmp_path / "taco.jsonl", taco_rows())))
+  assert list(code_data.read_taco(tmp_path / "train")) == from_jsonl
 
 
 def test_read_taco(tmp_path, caplog):
@@ -175,10 +189,10 @@ def test_malformed_files_raise_data_error(tmp_path, reader, content, message):
 
 
 def test_missing_or_unreadable_paths_raise_data_error(tmp_path):
-  with pytest.raises(DataError, match="no such file or directory.*CodeContests"):
+  with pytest.raises(DataError, match="no such file or directory, and no shards.*CodeContests"):
     list(code_data.read_code_contests(tmp_path / "missing"))
   (tmp_path / "empty").mkdir()
-  with pytest.raises(DataError, match="without .parquet, .jsonl, .json files.*TACO"):
+  with pytest.raises(DataError, match="without .parquet, .arrow, .jsonl, .json files.*TACO"):
     list(code_data.read_taco(tmp_path / "empty"))
   (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
   with pytest.raises(DataError, match="not a readable parquet file"):

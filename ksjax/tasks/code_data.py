@@ -14,21 +14,22 @@ value. `solutions` holds the dataset's Python 3 solutions (for supervised warm-u
 `MAX_SOLUTIONS`.
 
 Formats (as published):
-* CodeContests (Li et al. 2022; the Hugging Face release `deepmind/code_contests`): parquet or
-  JSONL, one problem per row, with `name`, `description`, `public_tests`, `private_tests` and
+* CodeContests (Li et al. 2022; the Hugging Face release `deepmind/code_contests`): one problem
+  per row, with `name`, `description`, `public_tests`, `private_tests` and
   `generated_tests` as {"input": [...], "output": [...]}, `time_limit` {"seconds", "nanos"} or
   null, `memory_limit_bytes`, `difficulty` and `source` (enum ints or names), `solutions`
   {"language": [...], "solution": [...]} (language 3 is Python 3), `input_file`/`output_file`.
   Tests are public, then private, then generated. Problems that read or write named files
   instead of stdin/stdout (non-empty `input_file`/`output_file`) are dropped.
-* TACO (Li et al. 2023; `BAAI/TACO`): parquet, JSONL or a JSON list, one problem per row, with
+* TACO (Li et al. 2023; `BAAI/TACO`): one problem per row, with
   `question`, `input_output` (a JSON string {"inputs": [...], "outputs": [...], "fn_name"?}),
   `starter_code`, `difficulty`, `solutions` (a JSON string list of Python programs), `source`,
   `time_limit` ("1 second") and `memory_limit` ("256 megabytes"). Stdin inputs and outputs stored
   as lists of lines are joined with newlines. The id is the row's position in the split.
 
-A path is a file or a directory of such files (read in sorted order, as the Hugging Face shards
-`train-00000-of-00039.parquet`...). Problems with fewer than `min_tests` tests are dropped, as in
+A path is a file, a directory of such files, or the common prefix of shards beside it (`data/train`
+for Hugging Face's `data/train-00000-of-00039.parquet`...), read in sorted order. Files may be
+parquet, Arrow streams (`.arrow`, as `datasets` saves them), JSONL or (TACO) a JSON list. Problems with fewer than `min_tests` tests are dropped, as in
 the paper (5); the readers log how many problems they kept and why they dropped the others. A
 missing path, a file in no known format, a line that is not JSON or a record without the
 required fields raises `DataError` naming the file and the expected format.
@@ -50,13 +51,14 @@ MIN_TESTS = 5
 MAX_SOLUTIONS = 4
 
 CODE_CONTESTS_FORMAT = (
-    "CodeContests parquet or JSONL (one problem per row with name, description, public_tests/"
+    "CodeContests parquet, Arrow or JSONL (one problem per row with name, description, public_tests/"
     "private_tests/generated_tests as {input: [...], output: [...]}, time_limit {seconds, nanos}, "
-    "memory_limit_bytes, difficulty, source, solutions), or a directory of such files")
+    "memory_limit_bytes, difficulty, source, solutions): a file, a directory of them or the "
+    "prefix of shards <prefix>-*")
 TACO_FORMAT = (
-    "TACO parquet, JSONL or JSON list (one problem per row with question, input_output as a JSON "
-    "string {inputs, outputs, fn_name?}, starter_code, difficulty, solutions), or a directory of "
-    "such files")
+    "TACO parquet, Arrow, JSONL or JSON list (one problem per row with question, input_output as a JSON "
+    "string {inputs, outputs, fn_name?}, starter_code, difficulty, solutions): a file, a "
+    "directory of them or the prefix of shards <prefix>-*")
 
 # contest_problem.proto of CodeContests.
 _CC_DIFFICULTIES = ("UNKNOWN_DIFFICULTY", "EASY", "MEDIUM", "HARD", "HARDER", "HARDEST",
@@ -64,7 +66,7 @@ _CC_DIFFICULTIES = ("UNKNOWN_DIFFICULTY", "EASY", "MEDIUM", "HARD", "HARDER", "H
 _CC_SOURCES = ("UNKNOWN_SOURCE", "CODECHEF", "CODEFORCES", "HACKEREARTH", "CODEJAM", "ATCODER",
                "AIZU")
 _CC_PYTHON3 = (3, "PYTHON3")
-_SUFFIXES = (".parquet", ".jsonl", ".json")
+_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json")
 
 _log = logging.getLogger(__name__)
 
@@ -73,24 +75,35 @@ def _fail(where: str, what: str, expected: str) -> DataError:
   return DataError(f"{where}: {what}; expected {expected}")
 
 
+def _data_files(directory: str, prefix: str = "") -> list[str]:
+  return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                if name.startswith(prefix) and name.endswith(_SUFFIXES)
+                and os.path.isfile(os.path.join(directory, name)))
+
+
 def _files(path: str | os.PathLike, expected: str) -> list[str]:
+  """A file; the data files of a directory; or, for a path that does not exist, the shards
+  `<path>-*` beside it (Hugging Face's `data/train-00000-of-00039.parquet` for `data/train`)."""
   path = os.fspath(path)
   if os.path.isfile(path):
     return [path]
-  if not os.path.isdir(path):
-    raise _fail(path, "no such file or directory", expected)
-  files = sorted(os.path.join(path, name) for name in os.listdir(path)
-                 if name.endswith(_SUFFIXES) and os.path.isfile(os.path.join(path, name)))
-  if not files:
-    raise _fail(path, f"a directory without {', '.join(_SUFFIXES)} files", expected)
-  return files
+  if os.path.isdir(path):
+    files = _data_files(path)
+    if not files:
+      raise _fail(path, f"a directory without {', '.join(_SUFFIXES)} files", expected)
+    return files
+  parent = os.path.dirname(path) or "."
+  shards = _data_files(parent, os.path.basename(path) + "-") if os.path.isdir(parent) else []
+  if not shards:
+    raise _fail(path, "no such file or directory, and no shards named like it", expected)
+  return shards
 
 
 def _rows(path: str | os.PathLike, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
   """(location, row) for every row of every file under `path`."""
   for file in _files(path, expected):
-    if file.endswith(".parquet"):
-      yield from _parquet_rows(file, expected)
+    if file.endswith((".parquet", ".arrow")):
+      yield from _arrow_rows(file, expected)
     elif file.endswith(".jsonl"):
       yield from _jsonl_rows(file, expected)
     elif file.endswith(".json"):
@@ -99,18 +112,25 @@ def _rows(path: str | os.PathLike, expected: str) -> Iterator[tuple[str, dict[st
       raise _fail(file, "not a .parquet, .jsonl or .json file", expected)
 
 
-def _parquet_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  """Rows of a parquet file or of an Arrow IPC stream (the `.arrow` files of Hugging Face
+  `datasets`), batch by batch."""
   try:
     import pyarrow  # pylint: disable=g-import-not-at-top  (a dependency of tensorflow-datasets)
+    import pyarrow.ipc  # pylint: disable=g-import-not-at-top
     import pyarrow.parquet  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise _fail(file, "a parquet file, and pyarrow is not installed", expected) from None
+    raise _fail(file, "reading it needs pyarrow, which is not installed", expected) from None
+  kind = "parquet" if file.endswith(".parquet") else "Arrow stream"
   try:
-    parquet = pyarrow.parquet.ParquetFile(file)
+    if kind == "parquet":
+      batches = pyarrow.parquet.ParquetFile(file).iter_batches(batch_size=64)
+    else:
+      batches = iter(pyarrow.ipc.open_stream(file))
   except (pyarrow.ArrowException, OSError) as e:
-    raise _fail(file, f"not a readable parquet file ({e})", expected) from None
+    raise _fail(file, f"not a readable {kind} file ({e})", expected) from None
   row = 0
-  for batch in parquet.iter_batches(batch_size=64):
+  for batch in batches:
     for record in batch.to_pylist():
       yield f"{file}:row {row}", record
       row += 1
