@@ -29,10 +29,12 @@ Formats (as published):
 
 A path is a file, a directory of such files, or the common prefix of shards beside it (`data/train`
 for Hugging Face's `data/train-00000-of-00039.parquet`...), read in sorted order. Files may be
-parquet, Arrow streams (`.arrow`, as `datasets` saves them), JSONL or (TACO) a JSON list. Problems with fewer than `min_tests` tests are dropped, as in
-the paper (5); the readers log how many problems they kept and why they dropped the others. A
-missing path, a file in no known format, a line that is not JSON or a record without the
-required fields raises `DataError` naming the file and the expected format.
+parquet, Arrow streams (`.arrow`, as `datasets` saves them), JSONL or (TACO) a JSON list.
+
+Problems with fewer than `min_tests` tests are dropped, as in the paper (5); the readers log how
+many problems they kept and why they dropped the others. A missing path, a file in no known
+format, a line that is not JSON or a record without the required fields raises `DataError`
+naming the file and the expected format.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ MIN_TESTS = 5
 MAX_SOLUTIONS = 4
 
 CODE_CONTESTS_FORMAT = (
-    "CodeContests parquet, Arrow or JSONL (one problem per row with name, description, public_tests/"
-    "private_tests/generated_tests as {input: [...], output: [...]}, time_limit {seconds, nanos}, "
+    "CodeContests parquet, Arrow or JSONL (one problem per row with name, description, "
+    "public_tests/private_tests/generated_tests as {input: [...], output: [...]}, time_limit "
+    "{seconds, nanos}, "
     "memory_limit_bytes, difficulty, source, solutions): a file, a directory of them or the "
     "prefix of shards <prefix>-*")
 TACO_FORMAT = (
-    "TACO parquet, Arrow, JSONL or JSON list (one problem per row with question, input_output as a JSON "
-    "string {inputs, outputs, fn_name?}, starter_code, difficulty, solutions): a file, a "
+    "TACO parquet, Arrow, JSONL or JSON list (one problem per row with question, input_output as "
+    "a JSON string {inputs, outputs, fn_name?}, starter_code, difficulty, solutions): a file, a "
     "directory of them or the prefix of shards <prefix>-*")
 
 # contest_problem.proto of CodeContests.
