@@ -347,6 +347,9 @@ class Sandbox:
   """
 
   def __init__(self, config: SandboxConfig | None = None):
+    if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
+      raise RuntimeError("the code sandbox needs Linux (5.3 or newer: pidfd, memfd, namespaces); "
+                         f"this is {sys.platform}")
     self.config = config or SandboxConfig()
     self._running = threading.BoundedSemaphore(self.config.workers)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
