@@ -86,10 +86,12 @@ def _check_rewards(rewards) -> jax.Array:
                      "(G groups of n samples)")
   if not jnp.issubdtype(rewards.dtype, jnp.floating):
     raise ValueError(f"rewards has dtype {rewards.dtype}; expected a floating dtype (float32, float64)")
-  if _is_concrete(rewards) and not bool(jnp.all(jnp.isfinite(rewards))):
-    bad = np.argwhere(~np.isfinite(np.asarray(rewards)))[0]
-    raise ValueError(f"rewards[{bad[0]}, {bad[1]}] = {np.asarray(rewards)[tuple(bad)]} is not finite; "
-                     "expected finite rewards")
+  if _is_concrete(rewards):
+    values = np.asarray(rewards)
+    if not np.isfinite(values).all():
+      bad = tuple(np.argwhere(~np.isfinite(values))[0])
+      raise ValueError(f"rewards[{bad[0]}, {bad[1]}] = {values[bad]} is not finite; "
+                       "expected finite rewards")
   return rewards
 
 
@@ -144,8 +146,25 @@ def _subset_values(rewards_gn, aggregator, m, beta, answer_ids_gn):
   return enumerated.majority_vote_values(rewards_gn, answer_ids_gn, m)
 
 
+@jax.jit
+def _from_group_max(rewards_gn: jax.Array) -> jax.Array:
+  return rewards_gn - jnp.max(rewards_gn, axis=-1, keepdims=True)
+
+
+@jax.jit
+def _divide_by_group_std(weights_gn: jax.Array, eps: float | jax.Array) -> jax.Array:
+  return weights_gn / (jnp.std(weights_gn, axis=-1, keepdims=True, ddof=1) + eps)
+
+
 def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn) -> jax.Array:
   n = rewards_gn.shape[-1]
+  if baseline != "none":
+    # Leave-out weights are unchanged by a constant added to a group's rewards (f(y + c) = f(y) + c
+    # for every aggregator here). Measuring rewards from the group maximum makes equal rewards exactly
+    # 0, so groups whose weights vanish in exact arithmetic get exact zeros rather than rounding noise
+    # (which scale="group_std" would otherwise blow up by 1/eps), and avoids cancellation with large
+    # offsets.
+    rewards_gn = _from_group_max(rewards_gn)
   if aggregator == "mean":
     return mean.none(rewards_gn, k) if baseline == "none" else mean.leave_out(rewards_gn)
   if aggregator == "pass_at_k":
@@ -218,8 +237,7 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
 
   weights_gn = _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn)
   if scale == "group_std":
-    std_g1 = jnp.std(weights_gn, axis=-1, keepdims=True, ddof=1)
-    weights_gn = weights_gn / (std_g1 + eps)
+    weights_gn = _divide_by_group_std(weights_gn, eps)
   return weights_gn
 
 

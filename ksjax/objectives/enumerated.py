@@ -55,6 +55,7 @@ def check_enumerable(aggregator: str, n: int, sizes: tuple[int, ...]) -> None:
           "'none'; k and k-1 for 'loo'; k-p for 'loo_demeaned' (p=1) and 'leave_p_out'), e.g. k = n")
 
 
+@functools.partial(jax.jit, static_argnames="m")
 def softmax_values(rewards_gn: jax.Array, beta: float | jax.Array, m: int) -> jax.Array:
   """f on every m-subset, [G, C(n, m)]."""
   members_cm, _ = subsets(rewards_gn.shape[-1], m)
@@ -83,6 +84,7 @@ def _majority_values_complement(rewards_n, ids_n, others_cl, in_subset_cn):
           / jnp.sum(in_plurality_cn, axis=-1).astype(rewards_n.dtype))
 
 
+@functools.partial(jax.jit, static_argnames="m")
 def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int) -> jax.Array:
   """f on every m-subset, [G, C(n, m)], by whichever vote count is cheaper (members or left-outs)."""
   group_count, n = rewards_gn.shape
@@ -99,7 +101,9 @@ def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int
         _majority_values_complement, others_cl=others_cl, in_subset_cn=in_subset_cn)
   if group_count == 0:
     return jnp.zeros((0, count), rewards_gn.dtype)
-  batch = max(1, min(group_count, _VOTE_ELEMENTS_PER_CHUNK // per_group))
+  batch = max(1, _VOTE_ELEMENTS_PER_CHUNK // per_group)
+  if batch >= group_count:
+    return jax.vmap(values)(rewards_gn, answer_ids_gn)
   return jax.lax.map(lambda xs: values(*xs), (rewards_gn, answer_ids_gn), batch_size=batch)
 
 
@@ -113,12 +117,14 @@ def _scatter(values_gc: jax.Array, index_cj: np.ndarray, n: int) -> jax.Array:
   return out_gn.at[:, index_cj.reshape(-1)].add(jnp.repeat(values_gc, width, axis=1))
 
 
+@functools.partial(jax.jit, static_argnames=("n", "k"))
 def none(values_k, n: int, k: int) -> jax.Array:
   """(k/n) phi_k = sum_{S contains i} f(S) / C(n, k), from f on the k-subsets [G, C(n, k)]."""
   members_ck, _ = subsets(n, k)
   return _scatter(values_k, members_ck, n) / math.comb(n, k)
 
 
+@functools.partial(jax.jit, static_argnames=("n", "k"))
 def loo(values_k, values_k1, n: int, k: int) -> jax.Array:
   """sum_{S contains i} [f(S) - f(S minus i)] / C(n, k), from f on the k- and (k-1)-subsets."""
   members_ck, _ = subsets(n, k)
@@ -126,6 +132,7 @@ def loo(values_k, values_k1, n: int, k: int) -> jax.Array:
   return (_scatter(values_k, members_ck, n) - _scatter(values_k1, others_ck1, n)) / math.comb(n, k)
 
 
+@functools.partial(jax.jit, static_argnames=("n", "m"))
 def leave_p_out(values_m, n: int, m: int) -> jax.Array:
   """(m/n)(phi_m - psi_m) = [sum_{T contains i} f(T) - m/(n-m) sum_{T not i} f(T)] / C(n, m)."""
   members_cm, others_cm = subsets(n, m)

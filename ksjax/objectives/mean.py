@@ -13,10 +13,13 @@ when n = k). Written with the full-group mean rbar, a constant added to every re
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 
+@functools.partial(jax.jit, static_argnames="k")
 def none(rewards_gn: jax.Array, k: int) -> jax.Array:
   """REINFORCE weights (k/n) phi_k(i), [G, n]."""
   n = rewards_gn.shape[-1]
@@ -26,6 +29,7 @@ def none(rewards_gn: jax.Array, k: int) -> jax.Array:
   return (rewards_gn + (k - 1) * others_mean_gn) / n
 
 
+@jax.jit
 def leave_out(rewards_gn: jax.Array) -> jax.Array:
   """Weights of loo, loo_demeaned and leave_p_out, all equal for the mean: (r_i - rbar)/(n - 1)."""
   n = rewards_gn.shape[-1]

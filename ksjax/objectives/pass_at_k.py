@@ -88,8 +88,13 @@ def _objective_coefficients(n: int, k: int) -> np.ndarray:
 
 def _apply(rewards_gn: jax.Array, coefficients: _Coefficients) -> jax.Array:
   """own_q r_(q) + sum_{j<q} below_j r_(j) + sum_{j>q} above_j r_(j), back in sample order."""
-  dtype = rewards_gn.dtype
-  own_n, below_n, above_n = (jnp.asarray(c, dtype) for c in coefficients)
+  return _apply_jit(rewards_gn, *(jnp.asarray(c, rewards_gn.dtype) for c in coefficients))
+
+
+# Jitted with the coefficients as arguments: one compilation per shape serves every k, p and baseline,
+# also when called eagerly.
+@jax.jit
+def _apply_jit(rewards_gn, own_n, below_n, above_n):
   order_gn = jnp.argsort(rewards_gn, axis=-1, stable=True)
   sorted_gn = jnp.take_along_axis(rewards_gn, order_gn, axis=-1)
   zeros_g1 = jnp.zeros_like(sorted_gn[:, :1])
@@ -122,4 +127,9 @@ def leave_p_out(rewards_gn: jax.Array, m: int) -> jax.Array:
 def objective(rewards_gn: jax.Array, k: int) -> jax.Array:
   """Unbiased estimate of E[max of k rewards] from the n samples of each group, [G]."""
   weights_n = jnp.asarray(_objective_coefficients(rewards_gn.shape[-1], k), rewards_gn.dtype)
+  return _sorted_dot(rewards_gn, weights_n)
+
+
+@jax.jit
+def _sorted_dot(rewards_gn, weights_n):
   return jnp.sum(jnp.sort(rewards_gn, axis=-1) * weights_n, axis=-1)
