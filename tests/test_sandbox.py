@@ -494,3 +494,12 @@ def test_program_timeout_kills_the_whole_sandbox(temp_root):
     assert 1.5 <= time.monotonic() - start < 5.0
     assert 0 < result.tests_run < len(ADDITION_TESTS) * 4
     _assert_contained(box, temp_root)
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
+def test_a_broken_sandbox_is_a_failing_result_not_an_exception(temp_root, python, caplog):
+  with sb.Sandbox(sb.SandboxConfig(workers=1, python=python, temp_root=temp_root)) as box:
+    result = box.run(sb.Job(program=A_PLUS_B, tests=ADDITION_TESTS))
+  assert not result.passed and result.verdict == "sandbox_error"
+  assert python in result.detail or "runner output ended" in result.detail
+  assert os.listdir(temp_root) == []

@@ -392,8 +392,9 @@ class Sandbox:
     """What isolation is in force here, found by running a probe program (once)."""
     if self._report is None:
       hello: dict[str, Any] = {}
-      result = self._run(Job(program="print(input())", tests=[{"input": "1", "output": "1"}]),
-                         hello_out=hello)
+      with self._running:
+        result = self._run(Job(program="print(input())", tests=[{"input": "1", "output": "1"}]),
+                           hello_out=hello)
       self._report = _describe(self.config, hello, result)
     return dict(self._report)
 
@@ -494,8 +495,8 @@ class Sandbox:
                         behaviour=digest.hexdigest(), cpu_s=cpu, wall_s=time.monotonic() - start,
                         detail=f"the program's {deadline:.1f} s were up")
         runner.stop()
-        stderr.seek(0)
-        tail = stderr.read()[-2000:].decode("utf-8", "replace")
+        stderr.seek(max(0, os.fstat(stderr.fileno()).st_size - 2000))
+        tail = stderr.read().decode("utf-8", "replace")
         _log.warning("sandbox error: %s; runner stderr: %s", e, tail)
         return _sandbox_error(f"{e}; runner stderr: {tail}", tests_run)
     finally:
