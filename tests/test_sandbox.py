@@ -492,7 +492,7 @@ def test_program_timeout_kills_the_whole_sandbox(temp_root):
     result = box.run(sb.Job(program=program, tests=ADDITION_TESTS * 4))
     assert result.verdict == "time_limit" and not result.passed
     assert 1.5 <= time.monotonic() - start < 5.0
-    assert 0 < result.tests_run < len(ADDITION_TESTS) * 4
+    assert result.tests_run < len(ADDITION_TESTS) * 4  # cut short (how far depends on load)
     _assert_contained(box, temp_root)
 
 
