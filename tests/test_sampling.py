@@ -1,0 +1,179 @@
+"""The sampler against the model's own full forward: log-probs, cache decoding, stopping, seeds,
+shape buckets and bad input. (Parity with transformers: test_sampling_hf.py; meshes:
+test_sampling_sharding.py; the drawn distribution: test_sampling_distribution.py.)"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ksjax import model, sampling
+from ksjax.sampling import batching, sampler
+
+CFG = model.preset("tiny", vocab_size=97, max_position_embeddings=64)
+PROMPTS = [[5, 17, 3], [8, 1, 2, 9, 33, 4, 60], [70]]  # mixed lengths, one bucket (16)
+TEMPERATURE = 0.7
+N_NEW = 12
+SAMPLED = dict(num_samples=3, max_new_tokens=N_NEW, temperature=TEMPERATURE)
+
+
+@pytest.fixture(scope="module")
+def llama():
+  """A tiny random model with weights scaled up so its distributions are not near-uniform."""
+  llama = model.Llama(CFG, rngs=nnx.Rngs(0))
+  nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
+  return llama
+
+
+@pytest.fixture(scope="module")
+def sampled(llama):
+  return sampling.generate(llama, PROMPTS, seed=3, **SAMPLED)
+
+
+def completion_mask(out) -> np.ndarray:
+  return np.arange(out.tokens.shape[1])[None] < np.asarray(out.lengths)[:, None]
+
+
+def test_output_shapes_rows_and_padding(sampled):
+  rows = len(PROMPTS) * SAMPLED["num_samples"]
+  assert sampled.tokens.shape == sampled.logprobs.shape == (rows, N_NEW)
+  assert sampled.tokens.dtype == jnp.int32 and sampled.logprobs.dtype == jnp.float32
+  np.testing.assert_array_equal(sampled.lengths, N_NEW)  # no EOS configured
+  assert not np.asarray(sampled.finished).any()
+  np.testing.assert_array_equal(sampled.prompt_lengths, np.repeat([len(p) for p in PROMPTS], 3))
+  for r in range(rows):  # prompt-major rows
+    prompt = PROMPTS[r // 3]
+    np.testing.assert_array_equal(np.asarray(sampled.prompt_tokens[r, -len(prompt):]), prompt)
+
+
+def test_logprobs_equal_the_full_forward_at_the_same_temperature(llama, sampled):
+  tokens, mask = sampled.sequences()
+  logp_full, _ = nnx.jit(model.token_logprobs, static_argnames="temperature")(
+      llama, tokens, mask, temperature=TEMPERATURE)
+  t = sampled.prompt_tokens.shape[1]
+  np.testing.assert_allclose(np.asarray(sampled.logprobs), np.asarray(logp_full)[:, t:],
+                             atol=1e-4, rtol=0)
+  assert np.asarray(sampled.logprobs).min() < -1.0  # not a degenerate (near-greedy) model
+
+
+@pytest.mark.parametrize("prefill_once", [True, False])
+def test_cache_decoding_equals_recomputing_the_full_prefix(llama, prefill_once):
+  """The sampler's prefill and decode steps, fed fixed continuation tokens, give the logits of a
+  full forward over prompt + continuation at every step."""
+  n, steps = 2, 5
+  ids = batching.validate_prompts(PROMPTS, CFG.vocab_size)
+  batch = batching.pad_prompts(ids, n, batch_shards=1, pad_id=0)
+  rows, t = batch.tokens_pt.shape[0] * n, batch.tokens_pt.shape[1]
+  continuation = np.random.RandomState(0).randint(0, CFG.vocab_size, (rows, steps)).astype(np.int32)
+
+  prefill = nnx.jit(sampler.prefill_logits, static_argnames=("num_samples", "cache_len",
+                                                             "prefill_once"))
+  step = nnx.jit(sampler.step_logits)
+  logits, cache, kv_mask, position = prefill(llama, batch.tokens_pt, batch.mask_pt, num_samples=n,
+                                             cache_len=t + steps, prefill_once=prefill_once)
+  cached = [logits]
+  for i in range(steps):
+    logits, cache, kv_mask = step(llama, continuation[:, i], position + i, cache, t + i, kv_mask)
+    cached.append(logits)
+
+  full_tokens = np.concatenate([np.repeat(batch.tokens_pt, n, 0), continuation], 1)
+  full_mask = np.concatenate([np.repeat(batch.mask_pt, n, 0), np.ones_like(continuation, bool)], 1)
+  full = np.asarray(nnx.jit(lambda m, x, k: m(x, attention_mask=k))(llama, full_tokens, full_mask))
+  for i, logits in enumerate(cached):
+    np.testing.assert_allclose(np.asarray(logits), full[:, t - 1 + i], atol=1e-4, rtol=0,
+                               err_msg=f"step {i}")
+
+
+def test_same_seed_same_samples_other_seed_other_samples(llama, sampled):
+  again = sampling.generate(llama, PROMPTS, seed=3, **SAMPLED)
+  np.testing.assert_array_equal(again.tokens, sampled.tokens)
+  np.testing.assert_array_equal(again.logprobs, sampled.logprobs)
+  other = sampling.generate(llama, PROMPTS, seed=4, **SAMPLED)
+  assert (np.asarray(other.tokens) != np.asarray(sampled.tokens)).mean() > 0.5
+  # The samples of one prompt differ from each other.
+  assert (np.asarray(sampled.tokens[0]) != np.asarray(sampled.tokens[1])).any()
+
+
+def test_prompts_of_other_lengths_in_the_same_bucket_reuse_the_programs(llama, sampled):
+  misses = sampler.programs.cache_info().misses
+  prompts = [[1] * 16, [2, 3], [4, 5, 6, 7, 8]]  # same count, longest 16: bucket 16
+  out = sampling.generate(llama, prompts, seed=3, **SAMPLED)
+  assert sampler.programs.cache_info().misses == misses
+  assert out.tokens.shape == (9, N_NEW)
+  assert out.prompt_tokens.shape[1] == batching.bucket_length(16) == 16
+
+
+def test_bucket_sizes():
+  assert [batching.bucket_length(n) for n in (1, 16, 17, 200, 256, 257, 700)] == [
+      16, 16, 32, 256, 256, 512, 768]
+  # rows = prompts x samples must split over the batch shards.
+  assert batching.bucket_prompt_batch(3, 1, 1) == 4
+  assert batching.bucket_prompt_batch(1, 64, 8) == 1
+  assert batching.bucket_prompt_batch(3, 2, 8) == 4
+  assert batching.bucket_prompt_batch(5, 1, 8) == 8
+  assert batching.bucket_prompt_batch(2, 3, 6) == 2
+
+
+def test_eos_ids_and_stop_sequences_end_rows_early(llama, sampled):
+  """Draws do not depend on the stop settings (per-row, per-step keys), so the run with stops
+  must be a prefix of the run without them, cut at the first EOS id or stop sequence."""
+  free = np.asarray(sampled.tokens)
+  eos = (int(free[0, 4]), int(free[4, 2]))  # any of several EOS ids
+  stop = (int(free[7, 5]), int(free[7, 6]))
+  out = sampling.generate(llama, PROMPTS, seed=3, eos_id=eos, stop_sequences=[stop], **SAMPLED)
+
+  for r in range(free.shape[0]):
+    ends = [j + 1 for j in range(N_NEW) if free[r, j] in eos]
+    ends += [j + 1 for j in range(1, N_NEW) if tuple(free[r, j - 1:j + 1]) == stop]
+    length = min(ends, default=N_NEW)
+    assert int(out.lengths[r]) == length, r
+    assert bool(out.finished[r]) == bool(ends), r
+    np.testing.assert_array_equal(np.asarray(out.tokens[r, :length]), free[r, :length])
+    np.testing.assert_array_equal(np.asarray(out.tokens[r, length:]), 0)  # pad_id
+    np.testing.assert_array_equal(np.asarray(out.logprobs[r, length:]), 0.0)
+    np.testing.assert_allclose(np.asarray(out.logprobs[r, :length]),
+                               np.asarray(sampled.logprobs[r, :length]), atol=1e-6)
+  assert int(out.lengths[0]) <= 5 and int(out.lengths[4]) <= 3 and int(out.lengths[7]) <= 7
+
+
+def test_decode_loop_exits_when_every_row_is_done(llama, sampled):
+  """Every row's first token is an EOS id: the loop must stop after one step, not run N."""
+  eos = tuple(int(x) for x in np.asarray(sampled.tokens[:, 0]))
+  cfg = sampling.SamplerConfig(max_new_tokens=N_NEW, temperature=TEMPERATURE, eos_id=eos)
+  n = SAMPLED["num_samples"]
+  batch = batching.pad_prompts(batching.validate_prompts(PROMPTS, CFG.vocab_size), n, 1, 0)
+  shapes = sampler.Shapes(batch.tokens_pt.shape[0], n, batch.tokens_pt.shape[1])
+  graphdef, params = nnx.split(llama)
+  prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
+  rows = len(PROMPTS) * n
+  state = decode(params, prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(rows),
+                                 np.uint32(3)))
+  assert int(state.step) == 1
+  np.testing.assert_array_equal(state.lengths_b[:rows], 1)
+  assert np.asarray(state.done_b).all() and np.asarray(state.finished_b[:rows]).all()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(prompts=[]), "prompts is empty"),
+    (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
+    (dict(prompts=[[1, 2], [3, 97]]), r"prompts\[1\] has token id 97"),
+    (dict(prompts=[[1, 2], [-1]]), r"prompts\[1\] has token id -1"),
+    (dict(prompts=[list(range(64))]), r"prompts\[0\] has 64 tokens"),
+    (dict(prompts=[[1] * 60], max_new_tokens=5), "max_new_tokens=5 is past the context"),
+    (dict(max_new_tokens=0), "max_new_tokens=0"),
+    (dict(top_p=0.0), "top_p=0.0"),
+    (dict(top_p=1.5), "top_p=1.5"),
+    (dict(temperature=-0.5), "temperature=-0.5"),
+    (dict(top_k=-1), "top_k=-1"),
+    (dict(num_samples=0), "num_samples=0"),
+    (dict(eos_id=97), "eos_id has token id 97"),
+    (dict(eos_id="</s>"), "eos_id="),
+    (dict(stop_sequences=[[]]), r"stop_sequences\[0\]"),
+    (dict(seed=-1), "seed=-1"),
+])
+def test_bad_input_raises_one_clear_error(llama, kwargs, match):
+  kwargs = {"prompts": [[1, 2, 3]], "max_new_tokens": 4, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    sampling.generate(llama, kwargs.pop("prompts"), **kwargs)

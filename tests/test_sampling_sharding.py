@@ -1,0 +1,54 @@
+"""The sampler on ("data", "fsdp", "tensor") meshes of 8 fake CPU devices: the same greedy samples
+on every mesh, and the cache and rows sharded as documented."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from ksjax import model, sampling
+from ksjax.model import sharding
+from ksjax.sampling import batching, sampler
+
+CFG = model.preset("tiny", vocab_size=96, max_position_embeddings=64)
+PROMPTS = [[5, 17, 3], [8, 1, 2, 9, 33, 4, 60], [70], [12, 13, 14, 15]]
+SETTINGS = dict(num_samples=2, max_new_tokens=10, temperature=0.0, eos_id=None)
+
+
+def scaled_llama() -> model.Llama:
+  llama = model.Llama(CFG, rngs=nnx.Rngs(1))
+  nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
+  return llama
+
+
+@pytest.fixture(scope="module")
+def unsharded():
+  return sampling.generate(scaled_llama(), PROMPTS, **SETTINGS)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (8, 1, 1), (2, 2, 2)])
+def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
+  mesh = model.make_mesh(shape)
+  llama = model.shard(scaled_llama(), mesh)
+  out = sampling.generate(llama, PROMPTS, **SETTINGS)  # mesh taken from the parameters
+  np.testing.assert_array_equal(out.tokens, unsharded.tokens)
+  np.testing.assert_array_equal(out.lengths, unsharded.lengths)
+  np.testing.assert_allclose(out.logprobs, unsharded.logprobs, atol=1e-5)
+  assert len({tuple(row) for row in np.asarray(out.tokens).tolist()}) > 1
+
+  # The state the programs hand over: rows over data x fsdp, kv heads over tensor.
+  cfg = sampling.SamplerConfig(**{k: v for k, v in SETTINGS.items() if k != "num_samples"})
+  n = SETTINGS["num_samples"]
+  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch = batching.pad_prompts(batching.validate_prompts(PROMPTS, CFG.vocab_size), n,
+                               batch_shards, 0)
+  shapes = sampler.Shapes(batch.tokens_pt.shape[0], n, batch.tokens_pt.shape[1])
+  graphdef, params = nnx.split(llama)
+  prefill, _ = sampler.programs(graphdef, cfg, mesh, shapes)
+  misses = sampler.programs.cache_info().misses
+  state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(len(PROMPTS) * n), np.uint32(0))
+  assert sampler.programs.cache_info().misses == misses  # the program generate compiled
+  assert state.cache["k"].sharding.spec == P(None, sharding.BATCH, None, "tensor", None)
+  assert state.tokens_bn.sharding.spec == P(sharding.BATCH, None)
+  assert state.cache["k"].addressable_shards[0].data.shape[1] == shapes.rows // batch_shards
