@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets>=4.9.8",
     "array-record>=0.7",
     "grain>=0.2.10",
+    "pyarrow>=14",  # CodeContests and TACO are published as parquet/arrow
     "safetensors>=0.4",
     "tokenizers>=0.20",
     "matplotlib>=3.8",
