@@ -61,3 +61,34 @@ def test_bfloat16_params_and_compute_stay_close_to_float32():
   np.testing.assert_allclose(logits, forward(f32, tokens), atol=0.02)
   cache = model.init_cache(bf16.cfg, batch_size=2, max_len=8)
   assert cache["k"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("kv_heads,tied,scaling", [
+    (1, True, model.config.LLAMA31_ROPE_SCALING), (4, False, None)])
+def test_forward_cached_prefill_then_decode_equals_full_forward(kv_heads, tied, scaling):
+  """Left-padded prompts prefilled in one call, then decoded one token at a time (1e-5)."""
+  cfg = dataclasses.replace(CFG, num_kv_heads=kv_heads, num_heads=4, tie_embeddings=tied,
+                            rope_scaling=scaling)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(5))
+  b, t, prompt_len, max_len = 3, 12, 8, 16
+  tokens = np.random.RandomState(2).randint(0, cfg.vocab_size, (b, t)).astype(np.int32)
+  mask = (np.arange(t)[None] >= np.array([[0], [4], [10]])).astype(np.int32)
+  full = np.asarray(forward(llama, jnp.asarray(tokens), jnp.asarray(mask)))
+  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
+
+  step = nnx.jit(lambda m, *a: m.forward_cached(*a))
+  cache = model.init_cache(cfg, batch_size=b, max_len=max_len)
+  kv_mask = np.zeros((b, max_len), bool)
+  kv_mask[:, :prompt_len] = mask[:, :prompt_len]
+  logits, cache = step(llama, jnp.asarray(tokens[:, :prompt_len]),
+                       jnp.asarray(positions[:, :prompt_len]), cache, jnp.int32(0),
+                       jnp.asarray(kv_mask))
+  got = [np.asarray(logits)]
+  for i in range(prompt_len, t):
+    kv_mask[:, i] = mask[:, i]  # row 2 is still padding at slots 8, 9
+    logits, cache = step(llama, jnp.asarray(tokens[:, i:i + 1]), jnp.asarray(positions[:, i:i + 1]),
+                         cache, jnp.int32(i), jnp.asarray(kv_mask))
+    got.append(np.asarray(logits))
+  got = np.concatenate(got, axis=1)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(got[real], full[real], atol=1e-5, rtol=0)

@@ -2,7 +2,8 @@
 
 Tiny random reference models (eager attention, float32) are saved with `save_pretrained`, loaded
 through the real loader (`model.load_hf`), and compared on left-padded batches; then exported with
-`model.save_hf` and reloaded in transformers. Tolerance: max abs logit difference 1e-4.
+`model.save_hf` and reloaded in transformers. Tolerance: max abs logit difference 1e-4. (The
+cached forward is checked against this full forward in test_model_llama.py.)
 """
 
 import numpy as np
@@ -11,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -103,28 +103,3 @@ def test_save_hf_round_trips_through_transformers(saved, tmp_path):
   tokens, mask = left_padded_batch(seed=1)
   assert max_diff_on_real(hf_logits(reloaded, tokens, mask), hf_logits(hf, tokens, mask),
                           mask) <= 1e-6
-
-
-def test_forward_cached_prefill_then_decode_equals_full_forward(saved):
-  _, path, _ = saved
-  llama, cfg = model.load_hf(path)
-  tokens, mask = left_padded_batch(seed=2, t=12)
-  prompt_len, steps = 8, 4
-  full = np.asarray(forward(llama, jnp.asarray(tokens), jnp.asarray(mask)))
-  positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-
-  cache = model.init_cache(cfg, batch_size=tokens.shape[0], max_len=16)
-  kv_mask = np.zeros((tokens.shape[0], 16), bool)
-  kv_mask[:, :prompt_len] = mask[:, :prompt_len]
-  step = jax.jit(lambda m, *a: m.forward_cached(*a))
-  logits, cache = step(llama, jnp.asarray(tokens[:, :prompt_len]),
-                       jnp.asarray(positions[:, :prompt_len]), cache, jnp.int32(0),
-                       jnp.asarray(kv_mask))
-  got = [np.asarray(logits)]
-  for i in range(prompt_len, prompt_len + steps):
-    kv_mask[:, i] = mask[:, i]  # row 2 is still padding at slots 8, 9
-    logits, cache = step(llama, jnp.asarray(tokens[:, i:i + 1]), jnp.asarray(positions[:, i:i + 1]),
-                         cache, jnp.int32(i), jnp.asarray(kv_mask))
-    got.append(np.asarray(logits))
-  got = np.concatenate(got, axis=1)
-  assert max_diff_on_real(got, full, mask) <= 1e-5

@@ -93,3 +93,27 @@ def test_cache_sharding_matches_init_cache_rank():
   assert placed["k"].sharding.spec == jax.sharding.PartitionSpec(
       None, sharding.BATCH, None, "tensor", None)
   assert math.prod(placed["k"].addressable_shards[0].data.shape) == cache["k"].size // 8
+
+
+def test_sharded_forward_cached_with_donated_cache_matches_unsharded(reference_logits):
+  """The sampler's path: prefill on a (2, 2, 2) mesh with a sharded, donated cache."""
+  mesh = model.make_mesh((2, 2, 2))
+  llama = model.shard(model.Llama(CFG, rngs=nnx.Rngs(3)), mesh)
+  tokens, mask = _batch()
+  graphdef, state = nnx.split(llama)
+  cache_shardings = sharding.cache_sharding(mesh)
+  data = sharding.batch_sharding(mesh)
+
+  def prefill(state, tokens, positions, cache, kv_mask):
+    return nnx.merge(graphdef, state).forward_cached(tokens, positions, cache, 0, kv_mask)
+
+  step = jax.jit(prefill, donate_argnums=3,
+                 in_shardings=(sharding.state_shardings(state, mesh), data, data, cache_shardings,
+                               data),
+                 out_shardings=(sharding.batch_sharding(mesh, 3), cache_shardings))
+  cache = jax.device_put(model.init_cache(CFG, tokens.shape[0], 16), cache_shardings)
+  kv_mask = jnp.zeros((tokens.shape[0], 16), bool).at[:, :tokens.shape[1]].set(mask.astype(bool))
+  logits, cache = step(state, tokens, model.default_positions(mask), cache, kv_mask)
+  real = np.asarray(mask).astype(bool)
+  np.testing.assert_allclose(np.asarray(logits)[real], reference_logits[real], atol=1e-5, rtol=0)
+  assert cache["k"].sharding.spec == cache_shardings["k"].spec

@@ -21,7 +21,7 @@ from ksjax.model.config import LlamaConfig
 _INIT = nnx.initializers.normal(stddev=0.02)  # transformers' initializer_range for Llama
 
 
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: LlamaConfig) -> nnx.Param:
+def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: LlamaConfig) -> nnx.Param:
   return nnx.Param(_INIT(rngs.params(), shape, jnp.dtype(cfg.param_dtype)))
 
 
@@ -61,10 +61,10 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    self.q_proj = _param(rngs, (d, n, h), cfg)  # [D, N, H]
-    self.k_proj = _param(rngs, (d, k, h), cfg)  # [D, K, H]
-    self.v_proj = _param(rngs, (d, k, h), cfg)  # [D, K, H]
-    self.o_proj = _param(rngs, (n, h, d), cfg)  # [N, H, D]
+    self.q_proj = init_param(rngs, (d, n, h), cfg)  # [D, N, H]
+    self.k_proj = init_param(rngs, (d, k, h), cfg)  # [D, K, H]
+    self.v_proj = init_param(rngs, (d, k, h), cfg)  # [D, K, H]
+    self.o_proj = init_param(rngs, (n, h, d), cfg)  # [N, H, D]
     self.dtype = jnp.dtype(cfg.dtype)
 
   def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
@@ -88,9 +88,9 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
-    self.gate_proj = _param(rngs, (d, f), cfg)  # [D, F]
-    self.up_proj = _param(rngs, (d, f), cfg)    # [D, F]
-    self.down_proj = _param(rngs, (f, d), cfg)  # [F, D]
+    self.gate_proj = init_param(rngs, (d, f), cfg)  # [D, F]
+    self.up_proj = init_param(rngs, (d, f), cfg)    # [D, F]
+    self.down_proj = init_param(rngs, (f, d), cfg)  # [F, D]
     self.dtype = jnp.dtype(cfg.dtype)
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from ksjax.model import rope
 from ksjax.model.config import LlamaConfig
-from ksjax.model.layers import DecoderLayer, RMSNorm, _param
+from ksjax.model.layers import DecoderLayer, RMSNorm, init_param
 
 Cache = dict[str, jax.Array]  # {"k": [L, B, S, K, H], "v": [L, B, S, K, H]}
 
@@ -47,13 +47,13 @@ class Llama(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)  # [V, D]
+    self.embed_tokens = init_param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg)  # [V, D]
     self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype)
     if not cfg.tie_embeddings:
-      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)  # [D, V]
+      self.lm_head = init_param(rngs, (cfg.hidden_size, cfg.vocab_size), cfg)  # [D, V]
     if cfg.value_head:
-      self.value_head = _param(rngs, (cfg.hidden_size,), cfg)  # [D]
+      self.value_head = init_param(rngs, (cfg.hidden_size,), cfg)  # [D]
       self.value_bias = nnx.Param(jnp.zeros((), jnp.dtype(cfg.param_dtype)))
 
   def cos_sin(self, positions_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
