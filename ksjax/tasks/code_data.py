@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ksjax.tasks.base import DataError
+from ksjax.tasks.records import data_error, data_files, read_jsonl
 
 MIN_TESTS = 5
 MAX_SOLUTIONS = 4
@@ -74,45 +74,17 @@ _SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json")
 _log = logging.getLogger(__name__)
 
 
-def _fail(where: str, what: str, expected: str) -> DataError:
-  return DataError(f"{where}: {what}; expected {expected}")
-
-
-def _data_files(directory: str, prefix: str = "") -> list[str]:
-  return sorted(os.path.join(directory, name) for name in os.listdir(directory)
-                if name.startswith(prefix) and name.endswith(_SUFFIXES)
-                and os.path.isfile(os.path.join(directory, name)))
-
-
-def _files(path: str | os.PathLike, expected: str) -> list[str]:
-  """A file; the data files of a directory; or, for a path that does not exist, the shards
-  `<path>-*` beside it (Hugging Face's `data/train-00000-of-00039.parquet` for `data/train`)."""
-  path = os.fspath(path)
-  if os.path.isfile(path):
-    return [path]
-  if os.path.isdir(path):
-    files = _data_files(path)
-    if not files:
-      raise _fail(path, f"a directory without {', '.join(_SUFFIXES)} files", expected)
-    return files
-  parent = os.path.dirname(path) or "."
-  shards = _data_files(parent, os.path.basename(path) + "-") if os.path.isdir(parent) else []
-  if not shards:
-    raise _fail(path, "no such file or directory, and no shards named like it", expected)
-  return shards
-
-
 def _rows(path: str | os.PathLike, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
   """(location, row) for every row of every file under `path`."""
-  for file in _files(path, expected):
+  for file in data_files(path, _SUFFIXES, expected):
     if file.endswith((".parquet", ".arrow")):
       yield from _arrow_rows(file, expected)
     elif file.endswith(".jsonl"):
-      yield from _jsonl_rows(file, expected)
+      yield from read_jsonl(file, expected)
     elif file.endswith(".json"):
       yield from _json_list_rows(file, expected)
     else:
-      raise _fail(file, "not a .parquet, .jsonl or .json file", expected)
+      raise data_error(file, "not a .parquet, .jsonl or .json file", expected)
 
 
 def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -123,7 +95,7 @@ def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]
     import pyarrow.ipc  # pylint: disable=g-import-not-at-top
     import pyarrow.parquet  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise _fail(file, "reading it needs pyarrow, which is not installed", expected) from None
+    raise data_error(file, "reading it needs pyarrow, which is not installed", expected) from None
   kind = "parquet" if file.endswith(".parquet") else "Arrow stream"
   try:
     if kind == "parquet":
@@ -131,7 +103,7 @@ def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]
     else:
       batches = iter(pyarrow.ipc.open_stream(file))
   except (pyarrow.ArrowException, OSError) as e:
-    raise _fail(file, f"not a readable {kind} file ({e})", expected) from None
+    raise data_error(file, f"not a readable {kind} file ({e})", expected) from None
   row = 0
   for batch in batches:
     for record in batch.to_pylist():
@@ -139,39 +111,26 @@ def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]
       row += 1
 
 
-def _jsonl_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
-  with open(file, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{file}:{line_number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise _fail(where, f"invalid JSON ({e.msg} at column {e.colno})", expected) from None
-      if not isinstance(record, dict):
-        raise _fail(where, f"a JSON {type(record).__name__}, not an object", expected)
-      yield where, record
-
-
 def _json_list_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
   try:
     with open(file, encoding="utf-8") as f:
-      records = json.load(f)
+      rows = json.load(f)
   except json.JSONDecodeError as e:
-    raise _fail(file, f"invalid JSON ({e.msg} at line {e.lineno})", expected) from None
-  if not isinstance(records, list):
-    raise _fail(file, f"a JSON {type(records).__name__}, not a list of objects", expected)
-  for index, record in enumerate(records):
+    raise data_error(file, f"invalid JSON ({e.msg} at line {e.lineno})", expected) from None
+  if not isinstance(rows, list):
+    raise data_error(file, f"a JSON {type(rows).__name__}, not a list of objects", expected)
+  for index, record in enumerate(rows):
     if not isinstance(record, dict):
-      raise _fail(f"{file}[{index}]", f"a JSON {type(record).__name__}, not an object", expected)
+      raise data_error(f"{file}[{index}]", f"a JSON {type(record).__name__}, not an object",
+                       expected)
     yield f"{file}[{index}]", record
 
 
 def _text(record: Mapping[str, Any], key: str, where: str, expected: str) -> str:
   value = record.get(key)
   if not isinstance(value, str) or not value.strip():
-    raise _fail(where, f"field {key!r} is {str(value)[:80]!r}, not a non-empty string", expected)
+    raise data_error(where, f"field {key!r} is {str(value)[:80]!r}, not a non-empty string",
+                     expected)
   return value
 
 
@@ -214,8 +173,9 @@ def _cc_tests(record: Mapping[str, Any], key: str, where: str) -> list[dict[str,
   outputs = tests.get("output") if isinstance(tests, Mapping) else None
   if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs)
           and all(isinstance(x, str) for x in inputs + outputs)):
-    raise _fail(where, f"field {key!r} is not {{input: [str], output: [str]}} of equal lengths",
-                CODE_CONTESTS_FORMAT)
+    raise data_error(where,
+                     f"field {key!r} is not {{input: [str], output: [str]}} of equal lengths",
+                     CODE_CONTESTS_FORMAT)
   return [{"input": i, "output": o} for i, o in zip(inputs, outputs)]
 
 
@@ -223,7 +183,7 @@ def _cc_time_limit(value: Any, where: str) -> float | None:
   if value is None:
     return None
   if not isinstance(value, Mapping):
-    raise _fail(where, f"time_limit {value!r} is not {{seconds, nanos}}", CODE_CONTESTS_FORMAT)
+    raise data_error(where, f"time_limit {value!r} is not {{seconds, nanos}}", CODE_CONTESTS_FORMAT)
   seconds = (value.get("seconds") or 0) + (value.get("nanos") or 0) / 1e9
   return float(seconds) if seconds > 0 else None
 
@@ -309,14 +269,15 @@ def _taco_tests(row: Mapping[str, Any], where: str, counts: _Counts
   try:
     spec = json.loads(text) if isinstance(text, str) else text
   except json.JSONDecodeError as e:
-    raise _fail(where, f"input_output is not JSON ({e.msg})", TACO_FORMAT) from None
+    raise data_error(where, f"input_output is not JSON ({e.msg})", TACO_FORMAT) from None
   if not isinstance(spec, Mapping):
-    raise _fail(where, "input_output is not a JSON object", TACO_FORMAT)
+    raise data_error(where, "input_output is not a JSON object", TACO_FORMAT)
   inputs, outputs, fn_name = spec.get("inputs"), spec.get("outputs"), spec.get("fn_name")
   if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs)):
-    raise _fail(where, "input_output has no equally long inputs and outputs lists", TACO_FORMAT)
+    raise data_error(where, "input_output has no equally long inputs and outputs lists",
+                     TACO_FORMAT)
   if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
-    raise _fail(where, f"fn_name {fn_name!r} is not a Python identifier", TACO_FORMAT)
+    raise data_error(where, f"fn_name {fn_name!r} is not a Python identifier", TACO_FORMAT)
   if fn_name:
     if not all(isinstance(i, list) for i in inputs):
       counts.dropped["with call-based inputs that are not argument lists"] += 1

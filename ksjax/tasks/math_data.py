@@ -28,8 +28,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ksjax.tasks.base import DataError
 from ksjax.tasks.math_answer import clean_answer, last_boxed
+from ksjax.tasks.records import data_error, read_jsonl
 
 MATH_DIR_FORMAT = ("MATH directory root/[split/]subject/NNN.json, each file a JSON object with string "
                    "fields problem, level (\"Level 1\"..\"Level 5\" or \"Level ?\"), type and solution "
@@ -41,27 +41,23 @@ HARP_FORMAT = ("HARP JSONL: one JSON object per line with string fields problem,
                "ints")
 
 
-def _fail(where: str, what: str, expected: str) -> DataError:
-  return DataError(f"{where}: {what}; expected {expected}")
-
-
 def _level(value: Any, where: str, expected: str) -> int | None:
   """1..9 from 3, "3", "Level 3"; None from "Level ?" or a missing level."""
   if value is None or value == "Level ?":
     return None
   if isinstance(value, bool):
-    raise _fail(where, f"level {value!r} is not a level", expected)
+    raise data_error(where, f"level {value!r} is not a level", expected)
   if isinstance(value, int):
     number = value
   elif isinstance(value, str):
     text = value.removeprefix("Level ").strip()
     if not text.isdigit():
-      raise _fail(where, f"level {value!r} is not a level", expected)
+      raise data_error(where, f"level {value!r} is not a level", expected)
     number = int(text)
   else:
-    raise _fail(where, f"level {value!r} is not a level", expected)
+    raise data_error(where, f"level {value!r} is not a level", expected)
   if not 1 <= number <= 9:
-    raise _fail(where, f"level {value!r} is out of range 1..9", expected)
+    raise data_error(where, f"level {value!r} is out of range 1..9", expected)
   return number
 
 
@@ -70,48 +66,28 @@ def _string(record: Mapping[str, Any], key: str, where: str, expected: str, *,
   value = record.get(key)
   if value is None:
     if required:
-      raise _fail(where, f"field {key!r} is missing", expected)
+      raise data_error(where, f"field {key!r} is missing", expected)
     return None
   if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
     return str(value)
   if not isinstance(value, str):
-    raise _fail(where, f"field {key!r} is {type(value).__name__}, not a string", expected)
+    raise data_error(where, f"field {key!r} is {type(value).__name__}, not a string", expected)
   if required and not value.strip():
-    raise _fail(where, f"field {key!r} is empty", expected)
+    raise data_error(where, f"field {key!r} is empty", expected)
   return value
 
 
 def _check_exists(path: str, expected: str, *, directory: bool) -> None:
   if not (os.path.isdir(path) if directory else os.path.isfile(path)):
     kind = "directory" if directory else "file"
-    raise _fail(os.fspath(path), f"no such {kind}", expected)
-
-
-def _read_jsonl(path: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
-  """(location "path:line", object) for each non-blank line."""
-  count = 0
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{line_number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise _fail(where, f"invalid JSON ({e.msg} at column {e.colno})", expected) from None
-      if not isinstance(record, dict):
-        raise _fail(where, f"a JSON {type(record).__name__}, not an object", expected)
-      count += 1
-      yield where, record
-  if count == 0:
-    raise _fail(path, "no records", expected)
+    raise data_error(os.fspath(path), f"no such {kind}", expected)
 
 
 def _unique(records: Iterator[dict[str, Any]], path: str, expected: str) -> Iterator[dict[str, Any]]:
   seen: set[str] = set()
   for record in records:
     if record["id"] in seen:
-      raise _fail(path, f"id {record['id']!r} occurs twice", expected)
+      raise data_error(path, f"id {record['id']!r} occurs twice", expected)
     seen.add(record["id"])
     yield record
 
@@ -128,7 +104,7 @@ def read_math_dir(path: str) -> Iterator[dict[str, Any]]:
     files.extend(os.path.join(directory, name) for name in names if name.endswith(".json"))
   files = [f for f in files if 2 <= len(os.path.relpath(f, path).split(os.sep)) <= 3]
   if not files:
-    raise _fail(path, "no subject/NNN.json or split/subject/NNN.json files", MATH_DIR_FORMAT)
+    raise data_error(path, "no subject/NNN.json or split/subject/NNN.json files", MATH_DIR_FORMAT)
 
   def sort_key(file):
     parts = os.path.relpath(file, path).split(os.sep)
@@ -145,16 +121,16 @@ def _math_dir_records(path: str, files: list[str]) -> Iterator[dict[str, Any]]:
       with open(file, encoding="utf-8") as f:
         record = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise _fail(file, f"invalid JSON ({e})", MATH_DIR_FORMAT) from None
+      raise data_error(file, f"invalid JSON ({e})", MATH_DIR_FORMAT) from None
     if not isinstance(record, dict):
-      raise _fail(file, f"a JSON {type(record).__name__}, not an object", MATH_DIR_FORMAT)
+      raise data_error(file, f"a JSON {type(record).__name__}, not an object", MATH_DIR_FORMAT)
     solution = _string(record, "solution", file, MATH_DIR_FORMAT)
     box = last_boxed(solution)
     if box is None or not clean_answer(box[1] or ""):
-      raise _fail(file, "the solution has no complete \\boxed{...} or \\fbox{...} answer",
-                  MATH_DIR_FORMAT)
+      raise data_error(file, "the solution has no complete \\boxed{...} or \\fbox{...} answer",
+                       MATH_DIR_FORMAT)
     if not isinstance(record.get("level"), str):
-      raise _fail(file, f"level {record.get('level')!r} is not a string", MATH_DIR_FORMAT)
+      raise data_error(file, f"level {record.get('level')!r} is not a string", MATH_DIR_FORMAT)
     out = {
         "id": relative,
         "problem": _string(record, "problem", file, MATH_DIR_FORMAT),
@@ -174,7 +150,7 @@ def read_math500_jsonl(path: str) -> Iterator[dict[str, Any]]:
   _check_exists(path, MATH500_FORMAT, directory=False)
 
   def records():
-    for where, record in _read_jsonl(path, MATH500_FORMAT):
+    for where, record in read_jsonl(path, MATH500_FORMAT, allow_empty=False):
       yield {
           "id": _string(record, "unique_id", where, MATH500_FORMAT),
           "problem": _string(record, "problem", where, MATH500_FORMAT),
@@ -191,7 +167,8 @@ def _int_or_str(value: Any, key: str, where: str) -> int | str | None:
     return value
   if isinstance(value, str):
     return int(value) if value.strip().isdigit() else value
-  raise _fail(where, f"field {key!r} is {type(value).__name__}, not a string or int", HARP_FORMAT)
+  raise data_error(where, f"field {key!r} is {type(value).__name__}, not a string or int",
+                   HARP_FORMAT)
 
 
 def read_harp_jsonl(path: str) -> Iterator[dict[str, Any]]:
@@ -202,7 +179,7 @@ def read_harp_jsonl(path: str) -> Iterator[dict[str, Any]]:
   _check_exists(path, HARP_FORMAT, directory=False)
 
   def records():
-    for where, record in _read_jsonl(path, HARP_FORMAT):
+    for where, record in read_jsonl(path, HARP_FORMAT, allow_empty=False):
       solutions = []
       index = 1
       while f"solution_{index}" in record:
@@ -210,8 +187,9 @@ def read_harp_jsonl(path: str) -> Iterator[dict[str, Any]]:
         index += 1
       ident = {k: _int_or_str(record.get(k), k, where) for k in ("year", "contest", "number")}
       if any(v is None for v in ident.values()):
-        raise _fail(where, "fields year, contest and number are needed to identify the problem",
-                    HARP_FORMAT)
+        raise data_error(where,
+                         "fields year, contest and number are needed to identify the problem",
+                         HARP_FORMAT)
       out = {
           "id": "/".join(str(ident[k]) for k in ("year", "contest", "number")),
           "problem": _string(record, "problem", where, HARP_FORMAT),
