@@ -54,12 +54,16 @@ def harp_files(manual):
   return {"train": list(math_data.read_harp_jsonl(str(manual / "HARP.jsonl")))}
 
 
-def code_contests_files(manual):
+def code_contests_files(manual, *, shard_prefixes=False):
+  """A directory per split, or with `shard_prefixes` Hugging Face's layout: the shards
+  `<split>-00000-of-00002.jsonl`... side by side in the manual directory, no `<split>` path."""
   for split, names in (("train", ["1_A", "1_B", "2_A"]), ("valid", ["3_A"]), ("test", ["4_A"])):
     # Two shards of the train split; 1_B has too few tests and is dropped by the reader.
-    for shard, rows in enumerate([names[:1], names[1:]] if split == "train" else [names]):
-      write_jsonl(manual / split / f"{split}-{shard:05d}.jsonl",
-                   [_code_contests_row(n, 2 if n == "1_B" else 5) for n in rows])
+    shards = [names[:1], names[1:]] if split == "train" else [names]
+    for shard, rows in enumerate(shards):
+      name = f"{split}-{shard:05d}-of-{len(shards):05d}.jsonl"
+      write_jsonl(manual / name if shard_prefixes else manual / split / name,
+                  [_code_contests_row(n, 2 if n == "1_B" else 5) for n in rows])
   return {split: list(code_data.read_code_contests(str(manual / split)))
           for split in ("train", "valid", "test")}
 

@@ -118,6 +118,21 @@ def test_builds_each_dataset_from_its_published_format(tmp_path, name):
     assert sorted(stored, key=lambda r: r["id"]) == sorted(records, key=lambda r: r["id"])
 
 
+def test_splits_may_be_shard_prefixes(tmp_path):
+  """Hugging Face's CodeContests layout, `train-00000-of-00002.jsonl`... with no `train` path:
+  the build accepts what the reader accepts."""
+  expected = dataset_files.code_contests_files(tmp_path / "manual", shard_prefixes=True)
+  assert not os.path.exists(tmp_path / "manual" / "train") and len(expected["train"]) == 2
+  data.build("code_contests", data_dir=tmp_path / "out", manual_dir=tmp_path / "manual")
+  for split, records in expected.items():
+    stored = data.load_records("code_contests", split, data_dir=tmp_path / "out")
+    assert sorted(stored, key=lambda r: r["id"]) == sorted(records, key=lambda r: r["id"])
+  (tmp_path / "manual" / "valid-00000-of-00001.jsonl").unlink()
+  with pytest.raises(DataError, match=r"code_contests': .*valid does not exist; expected "
+                     "CodeContests"):
+    data.build("code_contests", data_dir=tmp_path / "again", manual_dir=tmp_path / "manual")
+
+
 def test_missing_inputs_are_one_clear_error(tmp_path):
   with pytest.raises(DataError, match=r"math500': .*test\.jsonl does not exist; expected "
                      r"MATH-500 JSONL: one JSON object per line"):

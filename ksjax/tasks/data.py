@@ -48,6 +48,7 @@ from typing import Any
 import grain
 import tensorflow_datasets as tfds
 
+from ksjax.tasks.records import input_exists
 from ksjax.tasks.base import DataError
 
 _FEATURES = {"id": tfds.features.Text(), "record": tfds.features.Text()}
@@ -105,7 +106,8 @@ class LocalFiles:
       and their format descriptions are imported only when needed (they bring their own
       dependencies).
     format: "module:NAME" of the reader's description of the accepted format.
-    splits: split -> file or directory, relative to the manual directory.
+    splits: split -> file, directory or shard prefix (`train` for `train-*`), relative to the
+      manual directory.
     split_field: if set, the reader reads the whole manual directory and a split keeps the
       records whose `split_field` names it (MATH: ids relative to the MATH root, "test/algebra/
       1.json", are how MATH-500 names the same problems).
@@ -160,7 +162,12 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
 
   @classmethod
   def check_manual_dir(cls, manual_dir: str | os.PathLike | None) -> dict[str, str]:
-    """The path of every split, or DataError naming the first missing one and the format."""
+    """The path of every split, or DataError naming the first missing one and the format.
+
+    A split's path may be a file, a directory or the prefix of shards beside it (`train` for
+    `train-00000-of-00002.parquet`); which files it holds and whether they parse is the reader's
+    to decide (`ksjax.tasks.records`).
+    """
     source = cls.SOURCE
     if manual_dir is None:
       raise DataError(f"dataset {cls.name!r} is built from local files; pass manual_dir, a "
@@ -168,7 +175,7 @@ class LocalFilesBuilder(_Builder, skip_registration=True):
     paths = {split: os.path.join(os.fspath(manual_dir), relative)
              for split, relative in source.splits.items()}
     for path in paths.values():
-      if not os.path.exists(path):
+      if not input_exists(path):  # as the readers resolve it, shard prefixes included
         raise DataError(f"dataset {cls.name!r}: {path} does not exist; expected "
                         f"{_resolve(source.format)} ({source.layout})")
     return paths
