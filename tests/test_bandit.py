@@ -69,7 +69,8 @@ def test_expected_max_equals_enumeration_with_ties(m):
     got = exact.expected_max(jnp.asarray(THETA_A), jnp.asarray(REWARDS_A), m)
     grad = jax.grad(exact.expected_max)(jnp.asarray(THETA_A), jnp.asarray(REWARDS_A), m)
     # The same expectation written as a differentiable sum over tuples: gradients must agree too.
-    by_tuples = lambda th: jnp.sum(jnp.prod(jax.nn.softmax(th)[tuples], -1) * REWARDS_A[tuples].max(-1))
+    by_tuples = lambda th: jnp.sum(
+        jnp.prod(jax.nn.softmax(th)[tuples], -1) * REWARDS_A[tuples].max(-1))
     grad_by_tuples = jax.grad(by_tuples)(jnp.asarray(THETA_A))
   np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
   np.testing.assert_allclose(grad, grad_by_tuples, rtol=0, atol=1e-12)
@@ -90,7 +91,8 @@ def test_expected_reward_and_kl_match_definitions():
     (Variant("mean", "loo", k=4), lambda r: r.mean()),
     (Variant("pass_at_k", "loo", k=4), lambda r: r.max()),
     # The paper's biased objective: ((k-1)/k) r_(k) + (1/k) r_(k-1).
-    (Variant("pass_at_k", "loo_demeaned", k=4), lambda r: 0.75 * np.sort(r)[-1] + 0.25 * np.sort(r)[-2]),
+    (Variant("pass_at_k", "loo_demeaned", k=4),
+     lambda r: 0.75 * np.sort(r)[-1] + 0.25 * np.sort(r)[-2]),
     # The appendix's leave-p-out objective: (1/C(k,p)) sum_{|s|=p} max_{i not in s} r_i.
     (Variant("pass_at_k", "leave_p_out", k=4, p=2),
      lambda r: np.mean([np.delete(r, s).max() for s in itertools.combinations(range(4), 2)])),
@@ -193,7 +195,8 @@ def test_monte_carlo_mean_converges_to_exact_gradient():
     exact_grad = jax.grad(exact.target_objective)(theta, rewards, target_variant)
     return (grads.mean(0) - exact_grad) / (grads.std(0) / math.sqrt(draws))
 
-  variants = [Variant("mean", "loo"), Variant("pass_at_k", "loo"), Variant("pass_at_k", "loo_demeaned")]
+  variants = [Variant("mean", "loo"), Variant("pass_at_k", "loo"),
+              Variant("pass_at_k", "loo_demeaned")]
   for i, variant in enumerate(variants):
     z = z_scores(variant, variant, jax.random.key(i))
     assert np.max(np.abs(z)) < 4.5, (variant.key, z)
@@ -216,7 +219,7 @@ def test_gradient_error_matches_enumerated_mse_and_bias():
     exact_bias_sq = float(jnp.sum((grads.mean(0) - exact_grad) ** 2))
     err = variance.gradient_error(jax.random.key(3), rewards, exact_grad, variant=variant, n=4,
                                   num_draws=num_draws)
-    assert abs(float(err.mse) - exact_mse) < 4 * float(err.mse_stderr), (variant.key, err, exact_mse)
+    assert abs(float(err.mse) - exact_mse) < 4 * float(err.mse_stderr), (variant, err, exact_mse)
     # Var(||mean g - grad J||^2) <= 4 b'Cov b / D + 2 tr(Cov^2) / D^2 <= 4 |b|^2 tr Cov / D
     # + 2 (tr Cov / D)^2, and tr Cov <= E||g - grad J||^2.
     trace_over_d = exact_mse / num_draws

@@ -26,7 +26,7 @@ import numpy as np
 from ksjax import objectives
 from ksjax.bandit.variants import Variant
 
-# Above this many multisets the softmax / majority-vote targets are not enumerated (memory and time).
+# Above this many multisets the softmax / majority-vote targets are not enumerated (time, memory).
 MAX_MULTISETS = 10_000_000
 _CHUNK = 1 << 16  # multisets summed per step of the enumeration
 
@@ -78,9 +78,14 @@ def num_multisets(num_actions: int, m: int) -> int:
   return math.comb(num_actions + m - 1, m)
 
 
+def is_closed_form(variant: Variant) -> bool:
+  """Whether the target is a closed form (O(A log A)) rather than a sum over multisets."""
+  return variant.aggregator in ("mean", "pass_at_k")
+
+
 def has_exact_target(variant: Variant, num_actions: int) -> bool:
   """Whether `target_objective` can evaluate the variant's target for this many actions."""
-  return (variant.aggregator in ("mean", "pass_at_k")
+  return (is_closed_form(variant)
           or num_multisets(num_actions, target_draws(variant)) <= MAX_MULTISETS)
 
 
@@ -97,8 +102,9 @@ def target_objective(theta_a: jax.Array, rewards_a: jax.Array, variant: Variant)
     return expected_max(theta_a, rewards_a, m)
   num_actions = theta_a.shape[-1]
   if not has_exact_target(variant, num_actions):
-    raise ValueError(f"the exact target of {variant.key} sums over {num_multisets(num_actions, m):,} "
-                     f"multisets; at most {MAX_MULTISETS:,} are enumerated")
+    raise ValueError(f"the exact target of {variant.key} sums over "
+                     f"{num_multisets(num_actions, m):,} multisets; at most {MAX_MULTISETS:,} are "
+                     "enumerated")
   actions_cm, log_count_c = _multisets(num_actions, m)
   return _sum_over_multisets(theta_a, rewards_a, actions_cm, log_count_c, variant)
 
@@ -126,7 +132,8 @@ def _multisets(num_actions: int, m: int) -> tuple[np.ndarray, np.ndarray]:
   # Orderings = m! / prod(run lengths!); sum_i log(1 + #{j < i: a_j = a_i}) = sum_runs log(len!).
   earlier_equal = np.zeros(actions.shape, dtype=np.int64)
   for i in range(1, m):
-    earlier_equal[:, i] = np.where(actions[:, i] == actions[:, i - 1], earlier_equal[:, i - 1] + 1, 0)
+    same = actions[:, i] == actions[:, i - 1]
+    earlier_equal[:, i] = np.where(same, earlier_equal[:, i - 1] + 1, 0)
   log_count = math.lgamma(m + 1) - np.log1p(earlier_equal).sum(1)
   return actions, log_count
 

@@ -42,7 +42,8 @@ def group_gradients(theta_a: jax.Array, actions_gn: jax.Array, weights_gn: jax.A
   num_groups, num_actions = actions_gn.shape[0], theta_a.shape[-1]
   pi_a = jax.nn.softmax(theta_a)
   rows_gn = jnp.broadcast_to(jnp.arange(num_groups)[:, None], actions_gn.shape)
-  hits_ga = jnp.zeros((num_groups, num_actions), weights_gn.dtype).at[rows_gn, actions_gn].add(weights_gn)
+  hits_ga = jnp.zeros((num_groups, num_actions), weights_gn.dtype)
+  hits_ga = hits_ga.at[rows_gn, actions_gn].add(weights_gn)
   return hits_ga - weights_gn.sum(-1, keepdims=True) * pi_a
 
 

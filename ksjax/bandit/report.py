@@ -77,7 +77,8 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, np.ndarray]],
   for key, metrics in curves.items():
     mean_r, passk, kl = (metrics[name] for name in ("mean_reward", "pass_at_k", "kl"))
     steps = np.arange(kl.shape[1])
-    for ax, x, y in ((axes[0], steps, mean_r), (axes[1], kl.mean(0), mean_r), (axes[2], steps, passk)):
+    panels = ((axes[0], steps, mean_r), (axes[1], kl.mean(0), mean_r), (axes[2], steps, passk))
+    for ax, x, y in panels:
       line, = ax.plot(x, y.mean(0), label=labels[key], lw=1.6)
       stderr = y.std(0, ddof=1) / np.sqrt(y.shape[0]) if y.shape[0] > 1 else np.zeros_like(y[0])
       ax.fill_between(x, y.mean(0) - stderr, y.mean(0) + stderr, color=line.get_color(), alpha=0.2,

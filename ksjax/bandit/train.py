@@ -28,12 +28,13 @@ class Curves(NamedTuple):
 
 def evaluate(theta_a: jax.Array, rewards_a: jax.Array, k: int) -> Curves:
   reference_a = jnp.zeros_like(theta_a)
-  return Curves(exact.expected_reward(theta_a, rewards_a), exact.expected_max(theta_a, rewards_a, k),
-                exact.kl_divergence(theta_a, reference_a))
+  return Curves(mean_reward=exact.expected_reward(theta_a, rewards_a),
+                pass_at_k=exact.expected_max(theta_a, rewards_a, k),
+                kl=exact.kl_divergence(theta_a, reference_a))
 
 
-def train_one(key: jax.Array, rewards_a: jax.Array, learning_rate: float, *, variant: Variant, n: int,
-              groups_per_step: int, num_steps: int) -> Curves:
+def train_one(key: jax.Array, rewards_a: jax.Array, learning_rate: float, *, variant: Variant,
+              n: int, groups_per_step: int, num_steps: int) -> Curves:
   """Trains from theta = 0 on one bandit; returns its exact curves, each [num_steps + 1]."""
   theta_a = jnp.zeros_like(rewards_a)
 

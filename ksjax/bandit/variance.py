@@ -24,7 +24,7 @@ class GradientError(NamedTuple):
   mse: jax.Array  # mean over draws of ||g - grad J||^2
   mse_stderr: jax.Array  # Monte Carlo standard error of `mse`
   exact_sq_norm: jax.Array  # ||grad J||^2
-  bias_sq: jax.Array  # ||mean g - grad J||^2 - tr Cov(g) / num_draws: unbiased for ||E g - grad J||^2
+  bias_sq: jax.Array  # ||mean g - grad J||^2 - tr Cov(g) / draws, unbiased for ||E g - grad J||^2
 
 
 def exact_gradient(rewards_a: jax.Array, variant: Variant) -> jax.Array:

@@ -61,7 +61,7 @@ class Variant:
 
 
 def parse_spec(spec: str, default_scale: str) -> tuple[str, str, str]:
-  """"aggregator:baseline[:scale]" -> (aggregator, baseline, scale); ValueError says what is wrong."""
+  """Parses "aggregator:baseline[:scale]"; raises ValueError saying what is wrong."""
   parts = [part.strip() for part in spec.split(":")]
   if len(parts) not in (2, 3):
     raise ValueError(f"{spec!r} is not of the form aggregator:baseline[:scale]")
