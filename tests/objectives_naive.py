@@ -1,4 +1,4 @@
-"""Literal, loop-by-loop definitions of the k-sample objectives: the reference for the objectives tests.
+"""Literal, loop-by-loop definitions of the k-sample objectives: the objectives tests' reference.
 
 Nothing here shares code with `ksjax.objectives`: every quantity is computed straight from its
 definition in the paper (section 3 and appendix) by Python loops over samples and subsets, which is
@@ -69,7 +69,7 @@ def weights_k(aggregator: str, baseline: str, p: int, rewards, answers, beta: fl
 
 def weights(aggregator: str, baseline: str, k: int, p: int, rewards_gn, answers_gn, beta: float,
             scale: str = "none", eps: float = 1e-6) -> np.ndarray:
-  """U-statistic: (1/C(n, k)) sum over k-subsets S of [w^S_i if i in S else 0], per group, [G, n]."""
+  """U-statistic (1/C(n, k)) sum over k-subsets S of [w^S_i if i in S else 0], per group, [G, n]."""
   rewards_gn, answers_gn = np.asarray(rewards_gn, np.float64), np.asarray(answers_gn)
   out = np.zeros_like(rewards_gn)
   n = rewards_gn.shape[1]

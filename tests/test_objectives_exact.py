@@ -1,4 +1,4 @@
-"""Proof by exact enumeration: every estimator is an unbiased gradient of its stated target objective.
+"""Proof by exact enumeration: every estimator is an unbiased gradient of its stated target.
 
 On a softmax bandit pi = softmax(theta) over a handful of actions, all n-tuples of actions are
 enumerated: E[sum_i w_i grad log pi(y_i)] is a finite sum over tuples, compared (float64, 1e-8) with
@@ -20,8 +20,8 @@ import objectives_naive
 from ksjax import objectives
 
 BETA = 1.3
-# name: (rewards per action, answer class per action). Majority voting reads a class's reward from any
-# of its actions, so actions sharing a class share a reward ("tied" also exercises equal rewards).
+# name: (rewards per action, answer class per action). Majority voting reads a class's reward from
+# any of its actions, so actions sharing a class share a reward ("tied" also has equal rewards).
 BANDITS = {
     "distinct": (np.array([0.3, -1.2, 0.7, 0.1]), np.array([0, 1, 2, 3])),
     "tied": (np.array([1.0, -0.5, -0.5, 0.3]), np.array([0, 1, 1, 2])),
@@ -50,7 +50,8 @@ def _tuples(actions: int, length: int) -> np.ndarray:
   return np.array(list(itertools.product(range(actions), repeat=length)), dtype=np.int64)
 
 
-def _expected_estimate(weights_tn: np.ndarray, tuples_tn: np.ndarray, theta: np.ndarray) -> np.ndarray:
+def _expected_estimate(weights_tn: np.ndarray, tuples_tn: np.ndarray,
+                       theta: np.ndarray) -> np.ndarray:
   """E[sum_i w_i grad log pi(y_i)] over all n-tuples, with grad_theta log pi(a) = e_a - pi, [A]."""
   pi = np.exp(theta - theta.max())
   pi /= pi.sum()

@@ -78,7 +78,7 @@ def test_demeaned_weights_sum_to_zero(rewards_gn, answers_gn, config):
 @settings(max_examples=40, deadline=None)
 @given(rewards_strategy)
 def test_pass_at_k_loo_is_sparse(rewards_gn):
-  """k = n: only the unique argmax is non-zero, with r_(n) - r_(n-1); a tied maximum gives all zeros."""
+  """k = n: only a unique argmax is non-zero, with r_(n) - r_(n-1); a tied maximum gives zeros."""
   weights_gn = _weights(rewards_gn, None, ("pass_at_k", "loo", N, 1))
   for rewards_n, weights_n in zip(rewards_gn, weights_gn):
     assert np.count_nonzero(weights_n) <= 1
@@ -89,7 +89,8 @@ def test_pass_at_k_loo_is_sparse(rewards_gn):
 @settings(max_examples=30, deadline=None)
 @given(rewards_strategy, answers_strategy, configs(LEAVE_OUT), st.floats(0.01, 100))
 def test_group_std_is_scale_free(rewards_gn, answers_gn, config, factor):
-  """Positive rescaling of rewards (softmax excepted: it changes beta * r) leaves group_std unchanged.
+  """Rescaling rewards by a positive factor leaves group_std weights unchanged (not for softmax,
+  where it changes beta * r).
 
   Checked on groups whose weights are not (numerically) all zero, where eps is negligible.
   """
@@ -105,6 +106,6 @@ def test_group_std_is_scale_free(rewards_gn, answers_gn, config, factor):
 
 
 def _class_consistent(rewards_gn, answers_gn):
-  """Majority voting reads one reward per answer class: give every class its first member's reward."""
+  """Majority voting reads one reward per answer class: every class gets its first member's."""
   first_gn = np.argmax(answers_gn[:, None, :] == answers_gn[:, :, None], axis=2)
   return np.take_along_axis(rewards_gn, first_gn, axis=1)

@@ -1,8 +1,8 @@
-"""Vectorised estimators against literal per-group loops, and the closed forms quoted in ESTIMATORS.md.
+"""Vectorised estimators against literal per-group loops, and the closed forms of the literature.
 
 The loops (`objectives_naive`) enumerate every k-subset, apply the paper's n = k estimator to it and
-average with zeros for the samples it leaves out: the definition of the n > k estimators. Rewards come
-continuous, with ties, and binary +-1, since ties are where sort-based closed forms go wrong.
+average with zeros for the samples it leaves out: the definition of the n > k estimators. Rewards
+come continuous, with ties, and binary +-1, since ties are where sort-based closed forms go wrong.
 """
 
 from __future__ import annotations
@@ -122,34 +122,34 @@ def test_pass_at_k_pkpo_and_tang_formulas(n, k):
                  + sum(comb(j - 2, k - 2) * order[j - 1] for j in range(q + 1, n + 1))) / total)
     tang.append((comb(q - 1, k - 1) * order[q - 1]
                  - sum(comb(j - 1, k - 2) * order[j - 1] for j in range(1, q))) / total)
-  np.testing.assert_allclose(
-      objectives.k_sample_advantages(rewards_n[None], aggregator="pass_at_k", baseline="none", k=k)[0],
-      pkpo, rtol=1e-12, atol=1e-14)
+  weights = lambda baseline: objectives.k_sample_advantages(
+      rewards_n[None], aggregator="pass_at_k", baseline=baseline, k=k)[0]
+  np.testing.assert_allclose(weights("none"), pkpo, rtol=1e-12, atol=1e-14)
   if k >= 2:
-    np.testing.assert_allclose(
-        objectives.k_sample_advantages(rewards_n[None], aggregator="pass_at_k", baseline="loo", k=k)[0],
-        tang, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(weights("loo"), tang, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("n,k", [(8, 2), (8, 4), (8, 8), (16, 5)])
 def test_pass_at_k_loo_binary_rewards(n, k):
-  """Rewards in {0, 1} with c correct: correct samples C(n-c, k-1)/C(n, k), wrong 0; {-1, 1}: twice."""
+  """Rewards in {0, 1}, c correct: correct samples C(n-c, k-1)/C(n, k), wrong 0; {-1, 1}: twice."""
   for c in range(n + 1):
     correct_n = np.arange(n) < c
     np.random.default_rng(c).shuffle(correct_n)
     expected_n = np.where(correct_n, math.comb(n - c, k - 1) / math.comb(n, k), 0.0)
     for low, factor in ((0.0, 1.0), (-1.0, 2.0)):
       rewards_n = np.where(correct_n, 1.0, low)
-      got = objectives.k_sample_advantages(rewards_n[None], aggregator="pass_at_k", baseline="loo", k=k)
+      got = objectives.k_sample_advantages(rewards_n[None], aggregator="pass_at_k", baseline="loo",
+                                           k=k)
       np.testing.assert_allclose(got[0], factor * expected_n, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("n,k", [(8, 3), (16, 4), (12, 6)])
 def test_pass_at_k_binary_chen_et_al_advantages(n, k):
-  """Chen et al. 2025: R = 1 - C(n-c,k)/C(n,k), A_pos = (1-R)/s, A_neg = (1-R-C(n-c-1,k-1)/C(n-1,k-1))/s.
+  """Chen et al. 2025: R = 1 - C(n-c,k)/C(n,k), A_pos = (1-R)/s,
+  A_neg = (1 - R - C(n-c-1,k-1)/C(n-1,k-1))/s with s = sqrt(R(1-R)).
 
-  Their advantage is a k-subset's max minus R over s = sqrt(R(1-R)), averaged over the subsets holding
-  the sample: (n/k) (w_none - mean w_none) / s in terms of this library.
+  Their advantage is a k-subset's max minus R over s, averaged over the subsets holding the sample:
+  (n/k) (w_none - mean w_none) / s in terms of this library.
   """
   for c in range(1, n - k + 1):  # 0 < R < 1
     rewards_n = (np.arange(n) < c).astype(np.float64)
@@ -157,8 +157,8 @@ def test_pass_at_k_binary_chen_et_al_advantages(n, k):
     sigma = math.sqrt(big_r * (1 - big_r))
     a_pos = (1 - big_r) / sigma
     a_neg = (1 - big_r - math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)) / sigma
-    np.testing.assert_allclose(
-        objectives.objective_value(rewards_n[None], aggregator="pass_at_k", k=k)[0], big_r, rtol=1e-12)
+    estimate = objectives.objective_value(rewards_n[None], aggregator="pass_at_k", k=k)[0]
+    np.testing.assert_allclose(estimate, big_r, rtol=1e-12)
     none_n = np.asarray(objectives.k_sample_advantages(
         rewards_n[None], aggregator="pass_at_k", baseline="none", k=k)[0])
     np.testing.assert_allclose(n / k * (none_n - none_n.mean()) / sigma,
@@ -183,7 +183,7 @@ def test_pass_at_k_objective_large_n_float32():
 
 
 def test_paper_n_equals_k_forms():
-  """Section 3 with n = k: mean LOO (1/k)(r_i - mean_{j!=i} r_j); pass@k r_(k) - r_(k-1) on the argmax."""
+  """Section 3, n = k: mean LOO (1/k)(r_i - mean_{j!=i} r_j); pass@k r_(k) - r_(k-1) on argmax."""
   rewards_gn = np.array([[0.2, 0.9, -0.4, 0.5], [1.0, 1.0, 0.0, -1.0], [0.3, 0.3, 0.3, 0.3]])
   k = rewards_gn.shape[1]
   others_mean_gn = (rewards_gn.sum(1, keepdims=True) - rewards_gn) / (k - 1)

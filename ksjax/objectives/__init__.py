@@ -3,8 +3,9 @@
 `k_sample_advantages` turns a group's rewards [G, n] into weights w [G, n] whose
 `sum_i w_i grad log pi(y_i)` is an (unbiased) gradient estimate of a k-sample objective;
 `objective_value` estimates that objective itself from the n samples. The mathematics, each
-baseline's target and the n > k U-statistics are in `advantages.py`; the closed forms in `mean.py` and
-`pass_at_k.py`; the exact subset enumeration for majority voting and softmax in `enumerated.py`.
+baseline's target and the n > k U-statistics are in `advantages.py`; the closed forms in `mean.py`
+and `pass_at_k.py`; the exact subset enumeration for majority voting and softmax in
+`enumerated.py`.
 """
 
 from ksjax.objectives.advantages import AGGREGATORS

@@ -1,51 +1,52 @@
-"""k-sample policy-gradient weights (Tang et al., section 3 and appendix), extended to n >= k samples.
+"""k-sample policy-gradient weights (Tang et al., section 3 and appendix), extended to n >= k.
 
 A group holds n i.i.d. samples y_1..y_n of one prompt with rewards r_i. The k-sample objective is
-E[f(y_1..y_k)] for an aggregator f (mean, max = pass@k, majority vote, softmax-weighted reward). For
-n = k the paper's estimators give each sample a weight w_i, the gradient estimate being
-sum_i w_i grad log pi(y_i):
+E[f(y_1..y_k)] for an aggregator f (mean, max = pass@k, majority vote, softmax-weighted reward).
+For n = k the paper's estimators give each sample a weight w_i, the gradient estimate being
+sum_i w_i grad log pi(y_i). With A_s = f(y) - f(y_-s):
 
-  baseline        w_i (n = k)                                      unbiased gradient of
-  none            f(y)                                             E[f(y_1..y_k)]
-  loo             f(y) - f(y_-i)                                   E[f(y_1..y_k)]
-  loo_demeaned    A_i - mean_j A_j = mean_j f(y_-j) - f(y_-i)      E[(1/k) sum_i f(y_-i)]
-  leave_p_out     (1/C(k-1,p-1)) sum_{|s|=p, i in s} (A_s - mean A) E[(1/C(k,p)) sum_{|s|=p} f(y_-s)]
-                  = mean_{|s|=p} f(y_-s) - mean_{|s|=p, i in s} f(y_-s)
+  baseline      w_i (n = k)                                     unbiased gradient of
+  none          f(y)                                            E[f(y_1..y_k)]
+  loo           A_i = f(y) - f(y_-i)                            E[f(y_1..y_k)]
+  loo_demeaned  A_i - mean_j A_j                                E[(1/k) sum_i f(y_-i)]
+  leave_p_out   (1/C(k-1,p-1)) sum_{|s|=p, s has i} (A_s - mean A)
+                                                                E[(1/C(k,p)) sum_{|s|=p} f(y_-s)]
 
-with A_s = f(y) - f(y_-s). The appendix states leave_p_out for f = max; the derivation never uses the
-form of f, so the same weights serve every aggregator ("max" replaced by f on the complement). The
-baselines subtracted, f(y_-i) and the mean over s containing i, never involve y_i, which is why each
-estimate is unbiased for its target. The loo_demeaned and leave_p_out targets are the (k-1)- and
-(k-p)-sample objectives E[f(y_1..y_{k-p})], since each y_-s is k - p i.i.d. samples; for pass@k and
-p = 1 that is E[((k-1)/k) r_(k) + (1/k) r_(k-1)], the paper's biased objective.
+The leave-out weights equal mean_{|s|=p} f(y_-s) - mean_{|s|=p, s has i} f(y_-s): what is
+subtracted never involves y_i, which is why each estimate is unbiased for its target. The appendix
+states leave_p_out for f = max; its derivation never uses the form of f, so the same weights serve
+every aggregator ("max" replaced by f on the complement). The loo_demeaned and leave_p_out targets
+are the (k-1)- and (k-p)-sample objectives E[f(y_1..y_{k-p})], each y_-s being k - p i.i.d.
+samples; for pass@k and p = 1 that is the paper's E[((k-1)/k) r_(k) + (1/k) r_(k-1)].
 
 For n > k every estimator is the U-statistic over the C(n, k) k-subsets S of the group,
-W_i = (1/C(n, k)) sum_S [w^S_i if i in S else 0], unbiased for the same target as the n = k estimator
-(each S is k i.i.d. samples). Write phi_m(i) for the mean of f over the m-subsets of the n samples
-that contain i and psi_m(i) for the mean over those that do not. Counting, for each m-subset T, the
-k-subsets S that contain T and i, the U-statistics are
+W_i = (1/C(n, k)) sum_S [w^S_i if i in S else 0], unbiased for the same target as the n = k
+estimator (each S is k i.i.d. samples). Write phi_m(i) for the mean of f over the m-subsets of the
+n samples that contain i, psi_m(i) for the mean over those that do not. Then
 
   none:         W_i = (k/n) phi_k(i)
   loo:          W_i = (k/n) (phi_k(i) - psi_{k-1}(i))
   leave_p_out:  W_i = (m/n) (phi_m(i) - psi_m(i)),  m = k - p;  loo_demeaned is p = 1.
 
-(For leave_p_out: sum_{S contains i} mean_{T in S, |T|=m} f(T) counts T containing i C(n-m, k-m) times
-and T without i C(n-m-1, k-m-1) times; the second term counts T without i C(n-m-1, k-m-1) times; with
-C(n,k) C(k,m) = C(n,m) C(n-m,k-m) the coefficients reduce to m/n and -m/n.) Two consequences:
-leave_p_out depends on (k, p) only through k - p, and with p = k - 1 (target E[r], f of one sample
-being its reward for every aggregator here) it equals the mean aggregator's leave-one-out weight
-(r_i - rbar)/(n - 1) for every f: the appendix's "p = k-1 gives the mean objective", exactly.
+Proof for leave_p_out (the others are alike): summed over the k-subsets S containing i, the mean of
+f over the m-subsets T of S counts each T containing i C(n-m, k-m) times and each T without i
+C(n-m-1, k-m-1) times, each over C(k, m); the mean over the T in S without i counts each T without
+i C(n-m-1, k-m-1) times over C(k-1, m). With C(n,k) C(k,m) = C(n,m) C(n-m,k-m) the coefficients
+of the two sums reduce to m/n and -m/n. Two consequences: leave_p_out depends on (k, p) only
+through k - p; and with p = k - 1 (target E[r], since f of one sample is its reward for every
+aggregator here) it is the mean aggregator's leave-one-out weight (r_i - rbar)/(n - 1) for every f,
+which is the appendix's "p = k - 1 gives the mean objective", exactly.
 
-mean and pass_at_k evaluate phi and psi in closed form (`mean.py`, `pass_at_k.py`); majority_vote and
-softmax enumerate subsets (`enumerated.py`).
+mean and pass_at_k evaluate phi and psi in closed form (`mean.py`, `pass_at_k.py`); majority_vote
+and softmax enumerate subsets (`enumerated.py`).
 
-scale="group_std" divides each group's weights by their sample standard deviation (Bessel-corrected,
-as torch.std in the GRPO implementations of TRL and verl) plus eps. The paper's appendix ("Integrating
-with GRPO") treats the k-sample advantage as the effective reward, subtracts the group mean (Dr. GRPO)
-and "further divides by the standard deviation" for the GRPO form: the std of the effective rewards,
-which is the std of the weights themselves. For aggregator="mean" this is exactly GRPO's
-(r_i - rbar) / std(r). It is rejected with baseline="none", whose weights are constant across a group
-when n = k (a standard deviation of 0).
+scale="group_std" divides each group's weights by their sample standard deviation (Bessel-
+corrected, as torch.std in the GRPO implementations of TRL and verl) plus eps. The paper's appendix
+("Integrating with GRPO") treats the k-sample advantage as the effective reward, subtracts the
+group mean (Dr. GRPO) and "further divides by the standard deviation" for the GRPO form: the std of
+the effective rewards, which is the std of the weights themselves. For aggregator="mean" this is
+GRPO's (r_i - rbar) / (std(r) + (n - 1) eps). It is rejected with baseline="none", whose weights
+are constant within a group when k = n (a standard deviation of 0).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ _ENUMERATED = ("majority_vote", "softmax")
 
 def _choice(name: str, value, accepted: tuple[str, ...]) -> None:
   if value not in accepted:
-    raise ValueError(f"{name}={value!r} is not accepted; expected one of {', '.join(map(repr, accepted))}")
+    raise ValueError(
+        f"{name}={value!r} is not accepted; expected one of {', '.join(map(repr, accepted))}")
 
 
 def _is_int(value) -> bool:
@@ -85,7 +87,8 @@ def _check_rewards(rewards) -> jax.Array:
     raise ValueError(f"rewards has shape {rewards.shape}; expected a float array [G, n] "
                      "(G groups of n samples)")
   if not jnp.issubdtype(rewards.dtype, jnp.floating):
-    raise ValueError(f"rewards has dtype {rewards.dtype}; expected a floating dtype (float32, float64)")
+    raise ValueError(
+        f"rewards has dtype {rewards.dtype}; expected a floating dtype (float32, float64)")
   if _is_concrete(rewards):
     values = np.asarray(rewards)
     if not np.isfinite(values).all():
@@ -99,18 +102,19 @@ def _check_k(k, n: int) -> int:
   if k is None:
     return n
   if not _is_int(k) or not 1 <= k <= n:
-    raise ValueError(f"k={k!r} is not accepted; expected an integer in [1, n={n}] (or None for k = n)")
+    raise ValueError(
+        f"k={k!r} is not accepted; expected an integer in [1, n={n}] (or None for k = n)")
   return int(k)
 
 
 def _check_answer_ids(answer_ids, shape: tuple[int, ...]) -> jax.Array:
   if answer_ids is None:
-    raise ValueError("answer_ids is missing; aggregator='majority_vote' needs an integer array [G, n] "
-                     "giving each sample's answer class")
+    raise ValueError("answer_ids is missing; aggregator='majority_vote' needs an integer array "
+                     "[G, n] giving each sample's answer class")
   answer_ids = jnp.asarray(answer_ids)
   if answer_ids.shape != shape or not jnp.issubdtype(answer_ids.dtype, jnp.integer):
-    raise ValueError(f"answer_ids has shape {answer_ids.shape} and dtype {answer_ids.dtype}; expected "
-                     f"an integer array of the rewards' shape {shape}")
+    raise ValueError(f"answer_ids has shape {answer_ids.shape} and dtype {answer_ids.dtype}; "
+                     f"expected an integer array of the rewards' shape {shape}")
   return answer_ids
 
 
@@ -129,13 +133,14 @@ def _check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
 def _check_baseline(baseline: str, k: int, p) -> int | None:
   """The subset size m of the leave-p-out target, or None for none/loo."""
   if baseline != "none" and k < 2:
-    raise ValueError(f"k={k} is not accepted with baseline={baseline!r}; leave-out baselines need k >= 2")
+    raise ValueError(
+        f"k={k} is not accepted with baseline={baseline!r}; leave-out baselines need k >= 2")
   if baseline == "loo_demeaned":
     return k - 1
   if baseline == "leave_p_out":
     if not _is_int(p) or not 1 <= p <= k - 1:
-      raise ValueError(f"p={p!r} is not accepted with baseline='leave_p_out' and k={k}; expected an "
-                       f"integer in [1, k-1 = {k - 1}]")
+      raise ValueError(f"p={p!r} is not accepted with baseline='leave_p_out' and k={k}; expected "
+                       f"an integer in [1, k-1 = {k - 1}]")
     return k - int(p)
   return None
 
@@ -160,10 +165,10 @@ def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn) -> jax
   n = rewards_gn.shape[-1]
   if baseline != "none":
     # Leave-out weights are unchanged by a constant added to a group's rewards (f(y + c) = f(y) + c
-    # for every aggregator here). Measuring rewards from the group maximum makes equal rewards exactly
-    # 0, so groups whose weights vanish in exact arithmetic get exact zeros rather than rounding noise
-    # (which scale="group_std" would otherwise blow up by 1/eps), and avoids cancellation with large
-    # offsets.
+    # for every aggregator here). Measuring rewards from the group maximum makes equal rewards
+    # exactly 0, so groups whose weights vanish in exact arithmetic get exact zeros rather than
+    # rounding noise (which scale="group_std" would blow up by 1/eps), and large offsets do not
+    # cancel.
     rewards_gn = _from_group_max(rewards_gn)
   if aggregator == "mean":
     return mean.none(rewards_gn, k) if baseline == "none" else mean.leave_out(rewards_gn)
@@ -195,7 +200,7 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
       non-finite reward is not detected and makes its group's weights non-finite.
     aggregator: "mean" (f = mean reward), "pass_at_k" (f = max), "majority_vote" (f = reward of the
       plurality answer, ties broken uniformly at random, in expectation: the mean reward of the tied
-      plurality classes), "softmax" (f = sum_i p_i r_i with p = softmax(beta * r) over the k samples).
+      plurality classes), "softmax" (f = sum_i p_i r_i, p = softmax(beta * r) over the k samples).
     baseline: "none" (REINFORCE), "loo" (unbiased leave-one-out), "loo_demeaned" (the paper's biased
       variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned).
     k: samples of the objective, 1 <= k <= n (>= 2 for leave-out baselines); None means n.
@@ -222,9 +227,9 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
   m = _check_baseline(baseline, k, p)
   if scale == "group_std":
     if baseline == "none":
-      raise ValueError("scale='group_std' is not accepted with baseline='none' (its weights are constant "
-                       "within a group when k = n); expected baseline 'loo', 'loo_demeaned' or "
-                       "'leave_p_out'")
+      raise ValueError("scale='group_std' is not accepted with baseline='none' (its weights are "
+                       "constant within a group when k = n); expected baseline 'loo', "
+                       "'loo_demeaned' or 'leave_p_out'")
     _check_finite_scalar("eps", eps, positive=True)
   answer_ids_gn = None
   if aggregator == "majority_vote":
@@ -241,8 +246,8 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
   return weights_gn
 
 
-def objective_value(rewards, *, aggregator: str, k: int | None = None, beta: float | jax.Array = 1.0,
-                    answer_ids=None) -> jax.Array:
+def objective_value(rewards, *, aggregator: str, k: int | None = None,
+                    beta: float | jax.Array = 1.0, answer_ids=None) -> jax.Array:
   """Unbiased estimate of the k-sample objective E[f(y_1..y_k)] from each group's n samples, [G].
 
   The U-statistic (1/C(n, k)) sum_{|S|=k} f(y_S): for pass_at_k the closed form

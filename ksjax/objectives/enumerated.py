@@ -1,10 +1,10 @@
 """majority_vote and softmax aggregators: exact U-statistics by enumerating subsets.
 
-These f have no order-statistic structure, so f is evaluated on every m-subset of the n samples (for
-the sizes m the estimator needs, see `ksjax.objectives.advantages`) and the subset values are
-scattered onto the samples each subset contains or leaves out. The subset lists are static
-(itertools.combinations of range(n)); their size is capped at `MAX_SUBSETS` per family. With n = k the
-families are tiny: the whole group and its n leave-one-outs.
+These f have no order-statistic structure, so f is evaluated on every m-subset of the n samples
+(for the sizes m the estimator needs, see `ksjax.objectives.advantages`) and the subset values are
+summed onto the samples each subset contains or leaves out. The subset lists are static
+(itertools.combinations of range(n)); their size is capped at `MAX_SUBSETS` per family. With
+n = k the families are tiny: the whole group and its n leave-one-outs.
 
 majority_vote, f(y) = r(maj(a)) with uniform random tie-break, taken in expectation: the average of
 the rewards of the plurality classes. A class's reward is the mean reward of its members in the
@@ -21,26 +21,34 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 MAX_SUBSETS = 20_000
-# Elements of the per-member vote-count intermediate processed at once; larger batches run in chunks.
+# Elements of the per-member vote-count intermediate made at once; more groups run in chunks.
 _VOTE_ELEMENTS_PER_CHUNK = 1 << 24
 
 
+class Subsets(NamedTuple):
+  """All m-subsets of range(n), C = C(n, m) of them, in itertools.combinations order."""
+  members: np.ndarray  # int32 [C, m]
+  others: np.ndarray  # int32 [C, n - m], the samples each subset leaves out
+  membership: np.ndarray  # bool [C, n]
+
+
 @functools.lru_cache(maxsize=64)
-def subsets(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-  """All m-subsets of range(n): (members int32 [C, m], others int32 [C, n - m]), C = C(n, m)."""
+def subsets(n: int, m: int) -> Subsets:
   count = math.comb(n, m)
   members_cm = np.array(list(itertools.combinations(range(n), m)), dtype=np.int32).reshape(count, m)
-  in_subset_cn = np.zeros((count, n), dtype=bool)
-  np.put_along_axis(in_subset_cn, members_cm.astype(np.intp), True, axis=1)
-  others_cm = np.nonzero(~in_subset_cn)[1].astype(np.int32).reshape(count, n - m)
-  members_cm.flags.writeable = others_cm.flags.writeable = False
-  return members_cm, others_cm
+  membership_cn = np.zeros((count, n), dtype=bool)
+  np.put_along_axis(membership_cn, members_cm.astype(np.intp), True, axis=1)
+  others_cl = np.nonzero(~membership_cn)[1].astype(np.int32).reshape(count, n - m)
+  for array in (members_cm, others_cl, membership_cn):
+    array.flags.writeable = False
+  return Subsets(members_cm, others_cl, membership_cn)
 
 
 def check_enumerable(aggregator: str, n: int, sizes: tuple[int, ...]) -> None:
@@ -49,17 +57,17 @@ def check_enumerable(aggregator: str, n: int, sizes: tuple[int, ...]) -> None:
     count = math.comb(n, m)
     if count > MAX_SUBSETS:
       raise ValueError(
-          f"aggregator={aggregator!r} is computed exactly by enumerating the {m}-subsets of the n={n} "
-          f"samples per group, and C({n}, {m}) = {count} exceeds the limit of {MAX_SUBSETS}; accepted: "
-          f"k and p with C(n, m) <= {MAX_SUBSETS} for each subset size m the baseline needs (k for "
-          "'none'; k and k-1 for 'loo'; k-p for 'loo_demeaned' (p=1) and 'leave_p_out'), e.g. k = n")
+          f"aggregator={aggregator!r} is computed exactly by enumerating the {m}-subsets of the "
+          f"n={n} samples per group, and C({n}, {m}) = {count} exceeds the limit of {MAX_SUBSETS}; "
+          f"accepted: k and p with C(n, m) <= {MAX_SUBSETS} for each subset size m the baseline "
+          "needs (k for 'none'; k and k-1 for 'loo'; k-p for 'loo_demeaned' (p=1) and "
+          "'leave_p_out'), e.g. k = n")
 
 
 @functools.partial(jax.jit, static_argnames="m")
 def softmax_values(rewards_gn: jax.Array, beta: float | jax.Array, m: int) -> jax.Array:
   """f on every m-subset, [G, C(n, m)]."""
-  members_cm, _ = subsets(rewards_gn.shape[-1], m)
-  rewards_gcm = rewards_gn[:, members_cm]
+  rewards_gcm = rewards_gn[:, subsets(rewards_gn.shape[-1], m).members]
   probs_gcm = jax.nn.softmax(beta * rewards_gcm, axis=-1)
   return jnp.sum(probs_gcm * rewards_gcm, axis=-1)
 
@@ -73,32 +81,30 @@ def _majority_values_direct(rewards_n, ids_n, members_cm):
           / jnp.sum(in_plurality_cm, axis=-1).astype(rewards_n.dtype))
 
 
-def _majority_values_complement(rewards_n, ids_n, others_cl, in_subset_cn):
+def _majority_values_complement(rewards_n, ids_n, others_cl, membership_cn):
   """Per group, for large m: votes in the full group minus votes among the l = n - m left out."""
   same_nn = ids_n[:, None] == ids_n[None, :]
   votes_n = jnp.sum(same_nn, axis=-1)
   votes_cn = votes_n - jnp.sum(same_nn[others_cl], axis=1)  # [C, l, n] -> [C, n]
-  votes_cn = jnp.where(in_subset_cn, votes_cn, 0)
-  in_plurality_cn = in_subset_cn & (votes_cn == jnp.max(votes_cn, axis=-1, keepdims=True))
+  votes_cn = jnp.where(membership_cn, votes_cn, 0)
+  in_plurality_cn = membership_cn & (votes_cn == jnp.max(votes_cn, axis=-1, keepdims=True))
   return (jnp.sum(jnp.where(in_plurality_cn, rewards_n, 0), axis=-1)
           / jnp.sum(in_plurality_cn, axis=-1).astype(rewards_n.dtype))
 
 
 @functools.partial(jax.jit, static_argnames="m")
 def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int) -> jax.Array:
-  """f on every m-subset, [G, C(n, m)], by whichever vote count is cheaper (members or left-outs)."""
+  """f on every m-subset, [G, C(n, m)], counting votes among the members or the left-outs."""
   group_count, n = rewards_gn.shape
-  members_cm, others_cl = subsets(n, m)
-  count = members_cm.shape[0]
+  family = subsets(n, m)
+  count = family.members.shape[0]
   if m * m <= n * (n - m):
     per_group = count * m * m
-    values = functools.partial(_majority_values_direct, members_cm=members_cm)
+    values = functools.partial(_majority_values_direct, members_cm=family.members)
   else:
     per_group = count * n * max(1, n - m)  # Plus the n x n answer comparison when m = n.
-    in_subset_cn = np.ones((count, n), dtype=bool)
-    np.put_along_axis(in_subset_cn, others_cl.astype(np.intp), False, axis=1)
-    values = functools.partial(
-        _majority_values_complement, others_cl=others_cl, in_subset_cn=in_subset_cn)
+    values = functools.partial(_majority_values_complement, others_cl=family.others,
+                               membership_cn=family.membership)
   if group_count == 0:
     return jnp.zeros((0, count), rewards_gn.dtype)
   batch = max(1, _VOTE_ELEMENTS_PER_CHUNK // per_group)
@@ -107,35 +113,34 @@ def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int
   return jax.lax.map(lambda xs: values(*xs), (rewards_gn, answer_ids_gn), batch_size=batch)
 
 
-def _scatter(values_gc: jax.Array, index_cj: np.ndarray, n: int) -> jax.Array:
-  """out[g, i] = sum of values[g, c] over the subsets c with i in index[c], [G, n]."""
-  group_count, _ = values_gc.shape
-  width = index_cj.shape[1]
-  out_gn = jnp.zeros((group_count, n), values_gc.dtype)
-  if width == 0:
-    return out_gn
-  return out_gn.at[:, index_cj.reshape(-1)].add(jnp.repeat(values_gc, width, axis=1))
+def _onto_samples(values_gc: jax.Array, coefficients_cn: np.ndarray) -> jax.Array:
+  """sum_c values[g, c] coefficients[c, i], [G, n].
+
+  A dense matmul rather than a scatter-add of the C * m (subset, member) pairs: XLA's CPU scatter is
+  an order of magnitude slower, and a 0/1 pattern keeps single-term sums exact.
+  """
+  return jnp.matmul(values_gc, jnp.asarray(coefficients_cn, values_gc.dtype),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "k"))
 def none(values_k, n: int, k: int) -> jax.Array:
   """(k/n) phi_k = sum_{S contains i} f(S) / C(n, k), from f on the k-subsets [G, C(n, k)]."""
-  members_ck, _ = subsets(n, k)
-  return _scatter(values_k, members_ck, n) / math.comb(n, k)
+  return _onto_samples(values_k, subsets(n, k).membership) / math.comb(n, k)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "k"))
 def loo(values_k, values_k1, n: int, k: int) -> jax.Array:
   """sum_{S contains i} [f(S) - f(S minus i)] / C(n, k), from f on the k- and (k-1)-subsets."""
-  members_ck, _ = subsets(n, k)
-  _, others_ck1 = subsets(n, k - 1)  # T ranges over (k-1)-subsets without i <=> S = T + {i}.
-  return (_scatter(values_k, members_ck, n) - _scatter(values_k1, others_ck1, n)) / math.comb(n, k)
+  # T ranges over the (k-1)-subsets without i <=> S = T + {i} over the k-subsets with i.
+  coefficients = np.concatenate(
+      [subsets(n, k).membership, np.where(subsets(n, k - 1).membership, 0.0, -1.0)])
+  values = jnp.concatenate([values_k, values_k1], axis=1)
+  return _onto_samples(values, coefficients) / math.comb(n, k)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "m"))
 def leave_p_out(values_m, n: int, m: int) -> jax.Array:
-  """(m/n)(phi_m - psi_m) = [sum_{T contains i} f(T) - m/(n-m) sum_{T not i} f(T)] / C(n, m)."""
-  members_cm, others_cm = subsets(n, m)
-  containing_gn = _scatter(values_m, members_cm, n)
-  excluding_gn = _scatter(values_m, others_cm, n)
-  return (containing_gn - (m / (n - m)) * excluding_gn) / math.comb(n, m)
+  """(m/n)(phi_m - psi_m) = [sum_{T contains i} f(T) - m/(n-m) sum_{T without i} f(T)] / C(n, m)."""
+  membership_cn = subsets(n, m).membership
+  return _onto_samples(values_m, np.where(membership_cn, 1.0, -m / (n - m))) / math.comb(n, m)

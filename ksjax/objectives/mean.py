@@ -7,8 +7,8 @@ other n - 1 rewards. Hence
   none:            w_i = (k/n) phi_k(i) = (r_i + (k - 1) rbar_{-i}) / n
   every leave-out: w_i = (k/n)(phi_k - psi_{k-1}) = (m/n)(phi_m - psi_m) = (r_i - rbar) / (n - 1),
 
-the last independent of k and p: RLOO's advantage r_i - rbar_{-i} times 1/n (the paper's 1/k factor
-when n = k). Written with the full-group mean rbar, a constant added to every reward cancels exactly.
+the last independent of k and p: RLOO's advantage r_i - rbar_{-i} times 1/n (the paper's 1/k
+factor when n = k).
 """
 
 from __future__ import annotations

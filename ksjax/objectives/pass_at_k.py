@@ -14,12 +14,13 @@ PKPO's weight s_(i) and (k/n)(phi_k - psi_{k-1}) is PKPO's averaged leave-one-ou
 [C(q-1, k-1) r_(q) - sum_{j<q} C(j-1, k-2) r_(j)] / C(n, k) (Walder & Karkhanis 2025).
 
 Ties: the maximum of a set does not depend on how its tied members are ordered, so the counting
-above is exact for any order among equal rewards, and a stable sort suffices. With n = k and a tied
-maximum, loo gives r_(n) - r_(n-1) = 0 exactly: both coefficients are exactly 1 and the others exactly 0.
+above is exact for any order among equal rewards, and a stable sort suffices. With n = k and a
+tied maximum, loo gives r_(n) - r_(n-1) = 0 exactly: those two coefficients are exactly 1 and the
+others exactly 0.
 
 Binomial coefficients overflow float32 from n = 35 on (C(100, 50) ~ 1e29) and lose digits in log
-space, while the ratios used here are all below n. n and k are static shapes, so the ratios are formed
-once in exact rational arithmetic and rounded once to float64; jitted code sees constants.
+space, while the ratios used here are all below n. n and k are static shapes, so the ratios are
+formed once in exact rational arithmetic and rounded once to float64; jitted code sees constants.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def _apply(rewards_gn: jax.Array, coefficients: _Coefficients) -> jax.Array:
   return _apply_jit(rewards_gn, *(jnp.asarray(c, rewards_gn.dtype) for c in coefficients))
 
 
-# Jitted with the coefficients as arguments: one compilation per shape serves every k, p and baseline,
-# also when called eagerly.
+# Jitted with the coefficients as arguments: one compilation per shape serves every k, p and
+# baseline, also when called eagerly.
 @jax.jit
 def _apply_jit(rewards_gn, own_n, below_n, above_n):
   order_gn = jnp.argsort(rewards_gn, axis=-1, stable=True)
