@@ -118,6 +118,13 @@ def test_prompt_from_record_round_trips_through_json(task):
     task.prompt_from_record(["x"])
 
 
+def test_closing_leaves_a_shared_checker_running(tokenizer, task):
+  task.checker.start()
+  with MathTask({}, tokenizer, checker=task.checker) as sharing:
+    assert sharing.checker is task.checker
+  assert task.checker.worker_pids()  # the module's task still scores with it
+
+
 def test_bad_construction(tokenizer, task):
   with pytest.raises(ValueError, match="pass fmt="):
     MathTask({"train": os.path.join(FIXTURES, "harp.jsonl")}, tokenizer, checker=task.checker)

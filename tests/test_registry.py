@@ -4,7 +4,7 @@ import pytest
 
 import dataset_files
 from ksjax.tasks import data, registry, synthetic
-from ksjax.tasks.base import DataError
+from ksjax.tasks.base import DataError, GroupScore, Task
 
 
 def test_synthetic_needs_nothing():
@@ -40,6 +40,45 @@ def test_code_task_fed_by_the_pipeline_only(tmp_path):
     assert sorted(p.id for [p] in batches) == sorted(r["id"] for r in expected["train"])
   finally:
     task.close()
+
+
+@pytest.mark.parametrize("name", registry.TASKS)
+def test_every_task_offers_what_the_trainer_uses(tmp_path, name):
+  """Built by name, each task yields tokenized prompts, scores its reference solutions right and
+  a completion without an answer wrong, makes the same prompt from a pipeline record as from its
+  split, and stops the workers it started when its `with` block ends."""
+  if name == "synthetic":
+    split, options = "test", {"train_per_level": 2, "test_per_level": 2}
+    records = list(synthetic.SyntheticTask(**options).records(split))
+  else:
+    split = sorted(dataset_files.WRITERS[name](tmp_path / "manual"))[0]
+    data.build(name, data_dir=tmp_path / "out", manual_dir=tmp_path / "manual")
+    options = {"tokenizer": synthetic.make_tokenizer(), "data_dir": tmp_path / "out",
+               **({"workers": 1} if name in registry.MATH_TASKS else {})}
+    records = data.load_records(name, split, data_dir=tmp_path / "out")
+  with registry.make_task(name, **options) as task:
+    assert isinstance(task, Task) and task.name == name
+    prompts = {p.id: p for p in task.prompts(split)}
+    assert [task.prompt_from_record(r) for r in records] == [prompts[r["id"]] for r in records]
+    assert all(p.tokens == tuple(task.tokenizer.encode(p.text)) for p in prompts.values())
+    solved = [p for p in prompts.values() if task.reference_solutions(p)][:2]
+    assert solved
+    scores = task.score(solved, [[task.reference_solutions(p)[0], "No answer."] for p in solved])
+    assert all(isinstance(s, GroupScore) and s.correct.tolist() == [True, False]
+               and s.rewards.tolist() == [1.0, -1.0] for s in scores)
+    assert {p.metadata.get("level") for p in prompts.values()} <= set(task.levels()) | {None}
+    if name in registry.MATH_TASKS:
+      task.checker.start()  # the answers above equal the gold as text: no worker was needed
+    assert workers_running(task) is (name != "synthetic")
+  assert not workers_running(task)
+
+
+def workers_running(task):
+  if hasattr(task, "checker"):
+    return bool(task.checker.worker_pids())
+  if hasattr(task, "sandbox"):
+    return task.sandbox._pool is not None  # pylint: disable=protected-access  (no public state)
+  return False
 
 
 def test_bad_requests(tmp_path):

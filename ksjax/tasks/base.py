@@ -10,9 +10,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+  from ksjax.tokenization import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +58,25 @@ class GroupScore:
 
 
 class Task(abc.ABC):
-  """A source of prompts with a verifier."""
+  """A source of prompts with a verifier.
+
+  A task may start worker processes to score (answer checkers, program sandboxes); `close`
+  stops them, and `with task:` closes it on the way out. Attributes: `name`, and `tokenizer`,
+  the tokenizer of `Prompt.tokens`, which also decodes the model's completions.
+  """
 
   name: str
+  tokenizer: Tokenizer
+
+  def close(self) -> None:
+    """Stops the worker processes the task started to score (none by default); safe to call
+    more than once."""
+
+  def __enter__(self) -> Task:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   @abc.abstractmethod
   def prompts(self, split: str) -> Sequence[Prompt]:

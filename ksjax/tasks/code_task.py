@@ -22,14 +22,14 @@ for call-based TACO problems, for the function `fn_name` completing the starter 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
+from ksjax.tasks.base import DataError, GroupScore, Prompt, answer_classes
 from ksjax.tasks.code_data import read_code_contests, read_taco
+from ksjax.tasks.record_task import RecordTask, Source
 from ksjax.tasks.sandbox import Job, Sandbox, SandboxConfig
 from ksjax.tokenization import Tokenizer
 
@@ -47,7 +47,6 @@ CALL_TEMPLATE = (
     "```python\n{starter_code}\n```\n"
     "Give the whole code in a single ```python code block.")
 
-READERS = {"code_contests": read_code_contests, "taco": read_taco}
 _PYTHON_TAGS = ("python", "python3", "py", "py3")
 _FENCE = "```"
 
@@ -87,50 +86,32 @@ def _number_or_none(value: Any) -> bool:
                            and value > 0)
 
 
-class CodeTask(Task):
+class CodeTask(RecordTask):
   """Prompts from CodeContests/TACO records, scored by running programs in the sandbox.
 
-  Args:
-    splits: split name -> records (dicts as yielded by `ksjax.tasks.code_data` readers) or a path
-      read with the reader `fmt`. May be {} when prompts come from the data pipeline
-      (`prompt_from_record`).
-    tokenizer: encodes the prompt text.
+  Args (splits, tokenizer, rewards and name as in `RecordTask`):
+    splits: records as yielded by `ksjax.tasks.code_data` readers, or paths.
     fmt: reader for the splits given as paths: "code_contests" or "taco".
-    reward_correct, reward_wrong: rewards of a correct and of any other completion.
     max_tests: run at most this many tests per problem (public tests first); None: all.
     max_program_chars: a longer program counts as no program.
     sandbox: a sandbox to share (the task then does not close it); else the task makes one from
       `sandbox_config`.
-    name: the task's name in logs.
   """
 
-  def __init__(self, splits: Mapping[str, Iterable[Mapping[str, Any]] | str | os.PathLike],
-               tokenizer: Tokenizer, *, fmt: str | None = None, reward_correct: float = 1.0,
-               reward_wrong: float = -1.0, max_tests: int | None = None,
-               max_program_chars: int = 1 << 16, sandbox: Sandbox | None = None,
-               sandbox_config: SandboxConfig | None = None, name: str = "code"):
-    if fmt is not None and fmt not in READERS:
-      raise ValueError(f"fmt={fmt!r} is not accepted; expected one of {sorted(READERS)}")
+  READERS = {"code_contests": read_code_contests, "taco": read_taco}
+
+  def __init__(self, splits: Mapping[str, Source], tokenizer: Tokenizer, *,
+               fmt: str | None = None, reward_correct: float = 1.0, reward_wrong: float = -1.0,
+               max_tests: int | None = None, max_program_chars: int = 1 << 16,
+               sandbox: Sandbox | None = None, sandbox_config: SandboxConfig | None = None,
+               name: str = "code"):
     if max_tests is not None and max_tests < 1:
       raise ValueError(f"max_tests={max_tests!r} is not accepted; expected None or >= 1")
-    self.name = name
-    self.tokenizer = tokenizer
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
     self.max_tests = max_tests
     self.max_program_chars = max_program_chars
-    self._records: dict[str, list[dict[str, Any]]] = {}
-    for split, source in splits.items():
-      if isinstance(source, (str, os.PathLike)):
-        if fmt is None:
-          raise ValueError(f"split {split!r} is a path; pass fmt= (code_contests or taco) to say "
-                           "how to read it")
-        source = READERS[fmt](source)
-      self._records[split] = [self._validated(f"split {split!r}, record {i}", r)
-                              for i, r in enumerate(source)]
-    self._prompts: dict[str, list[Prompt]] = {}
-    self._own_sandbox = sandbox is None
-    self.sandbox = sandbox or Sandbox(sandbox_config)
+    super().__init__(splits, tokenizer, fmt=fmt, reward_correct=reward_correct,
+                     reward_wrong=reward_wrong, name=name)
+    self.sandbox = sandbox or self._own(Sandbox(sandbox_config))
 
   @staticmethod
   def _validated(where: str, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,32 +139,9 @@ class CodeTask(Task):
       raise DataError(f"{where}: field(s) {', '.join(problems)} malformed; {expected}")
     return dict(record)
 
-  def close(self) -> None:
-    """Stops the sandbox's worker pool (if this task made it)."""
-    if self._own_sandbox:
-      self.sandbox.close()
-
-  def __enter__(self) -> "CodeTask":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
   def isolation_report(self) -> dict[str, Any]:
     """The sandbox's isolation in force on this host, for the run's log."""
     return self.sandbox.isolation_report()
-
-  def prompts(self, split: str) -> Sequence[Prompt]:
-    if split not in self._records:
-      raise ValueError(f"split {split!r} is not accepted; task {self.name!r} has "
-                       f"{sorted(self._records)}")
-    if split not in self._prompts:
-      self._prompts[split] = [self._prompt(r) for r in self._records[split]]
-    return self._prompts[split]
-
-  def prompt_from_record(self, record: Mapping[str, Any]) -> Prompt:
-    """The prompt of one record as the data pipeline stores it (a reader's record)."""
-    return self._prompt(self._validated(f"record {record.get('id')!r}", record))
 
   def levels(self) -> Sequence[Any]:
     return sorted({str(r.get("difficulty")) for rs in self._records.values() for r in rs

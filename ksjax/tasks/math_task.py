@@ -22,16 +22,16 @@ solutions (for supervised warm-up) end with the same sentence, so the checker ac
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
+from ksjax.tasks import math_data
+from ksjax.tasks.base import DataError, GroupScore, Prompt, answer_classes
 from ksjax.tasks.math_answer import canonical, clean_answer, extract_answer
 from ksjax.tasks.math_checker import POISONED, AnswerChecker, CheckerConfig, Verdict
-from ksjax.tasks.math_data import read_records
+from ksjax.tasks.record_task import RecordTask, Source
 from ksjax.tokenization import Tokenizer
 
 DEFAULT_TEMPLATE = (
@@ -53,48 +53,32 @@ def _reference_solution(record: Mapping[str, Any]) -> str | None:
   return f"{solution.rstrip()}\n{_FINAL_SENTENCE.format(answer=record['answer'])}"
 
 
-class MathTask(Task):
+class MathTask(RecordTask):
   """Prompts from MATH/MATH-500/HARP records, scored by math-verify in a hardened worker pool.
 
-  Args:
-    splits: split name -> records (dicts as yielded by `ksjax.tasks.math_data` readers) or a path
-      read with the reader `fmt`. May be {} when prompts come from the data pipeline
-      (`prompt_from_record`).
-    tokenizer: encodes the prompt text.
+  Args (splits, tokenizer, rewards and name as in `RecordTask`):
+    splits: records as yielded by `ksjax.tasks.math_data` readers, or paths.
     fmt: reader for the splits given as paths: "math_dir", "math500_jsonl" or "harp_jsonl".
     template: prompt text with a "{problem}" field.
-    reward_correct, reward_wrong: rewards of a correct and of any other completion.
     timeout_s, workers, memory_limit_bytes: limits of the checker pool (see `CheckerConfig`).
     checker: an already started pool to share (then the limits above are ignored and the task
       does not close it).
-    name: the task's name in logs.
   """
 
-  def __init__(self, splits: Mapping[str, Iterable[Mapping[str, Any]] | str | os.PathLike],
-               tokenizer: Tokenizer, *, fmt: str | None = None, template: str = DEFAULT_TEMPLATE,
+  READERS = math_data.READERS
+
+  def __init__(self, splits: Mapping[str, Source], tokenizer: Tokenizer, *,
+               fmt: str | None = None, template: str = DEFAULT_TEMPLATE,
                reward_correct: float = 1.0, reward_wrong: float = -1.0, timeout_s: float = 5.0,
                workers: int = 2, memory_limit_bytes: int = 2 << 30,
                checker: AnswerChecker | None = None, name: str = "math"):
     if "{problem}" not in template:
       raise ValueError(f"template must contain a {{problem}} field; got {template[:80]!r}")
-    self.name = name
-    self.tokenizer = tokenizer
     self.template = template
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
-    self._records: dict[str, list[dict[str, Any]]] = {}
-    for split, source in splits.items():
-      if isinstance(source, (str, os.PathLike)):
-        if fmt is None:
-          raise ValueError(f"split {split!r} is a path; pass fmt= (math_dir, math500_jsonl or "
-                           "harp_jsonl) to say how to read it")
-        source = read_records(os.fspath(source), fmt)
-      self._records[split] = [self._validated(f"split {split!r}, record {i}", r)
-                              for i, r in enumerate(source)]
-    self._prompts: dict[str, list[Prompt]] = {}
-    self._own_checker = checker is None
-    self.checker = checker or AnswerChecker(CheckerConfig(
-        workers=workers, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes))
+    super().__init__(splits, tokenizer, fmt=fmt, reward_correct=reward_correct,
+                     reward_wrong=reward_wrong, name=name)
+    self.checker = checker or self._own(AnswerChecker(CheckerConfig(
+        workers=workers, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes)))
 
   @staticmethod
   def _validated(where: str, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,30 +90,6 @@ class MathTask(Task):
                         "non-empty string fields id, problem and answer (as yielded by "
                         "ksjax.tasks.math_data readers)")
     return {**record, "answer": clean_answer(record["answer"])}
-
-  def close(self) -> None:
-    """Stops the checker's worker processes (if this task started them)."""
-    if self._own_checker:
-      self.checker.close()
-
-  def __enter__(self) -> "MathTask":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def prompts(self, split: str) -> Sequence[Prompt]:
-    if split not in self._records:
-      raise ValueError(f"split {split!r} is not accepted; task {self.name!r} has "
-                       f"{sorted(self._records)}")
-    if split not in self._prompts:
-      self._prompts[split] = [self._prompt(r) for r in self._records[split]]
-    return self._prompts[split]
-
-  def prompt_from_record(self, record: Mapping[str, Any]) -> Prompt:
-    """The prompt of one record as the data pipeline stores it (a reader's record)."""
-    ident = record.get("id") if isinstance(record, Mapping) else None
-    return self._prompt(self._validated(f"record {ident!r}", record))
 
   def _prompt(self, record: Mapping[str, Any]) -> Prompt:
     text = self.template.replace("{problem}", record["problem"])  # LaTeX braces stay as they are
