@@ -42,18 +42,25 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
            mask_bts: jax.Array) -> jax.Array:
   """Grouped-query softmax attention; query t sees key s iff mask[b, t, s]. Returns [B, T, N, H].
 
-  The N query heads are grouped onto the K key/value heads without repeating k and v. A query row
-  with no visible key (a left-padding position) gets a uniform average; its output is never used.
+  The N query heads are grouped onto the K key/value heads without repeating k and v: the G = N/K
+  queries of a group and their T positions are stacked into one M = G*T axis, so both products are
+  batched matmuls over (b, k). Keys and values are laid out [B, K, H, S]: with that layout the
+  products and their gradients all take the fast path of XLA's CPU dot (the [B, K, S, H] layout
+  makes the backward pass 3-5x slower; accelerators choose their own layouts). A query row with no
+  visible key (a left-padding position) gets a uniform average; its output is never used.
   """
   b, t, n, h = q_btnh.shape
-  k = k_bskh.shape[2]
-  q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
-  scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
-                      preferred_element_type=jnp.float32) * (h ** -0.5)
-  scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
-  return out.reshape(b, t, n, h)
+  s, k = k_bskh.shape[1], k_bskh.shape[2]
+  g = n // k
+  q_bkmh = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+  k_bkhs = k_bskh.transpose(0, 2, 3, 1)
+  v_bkhs = v_bskh.transpose(0, 2, 3, 1)
+  scores = jnp.einsum("bkmh,bkhs->bkms", q_bkmh, k_bkhs, preferred_element_type=jnp.float32)
+  scores_bkgts = scores.reshape(b, k, g, t, s) * (h ** -0.5)
+  scores_bkgts = jnp.where(mask_bts[:, None, None], scores_bkgts, jnp.finfo(jnp.float32).min)
+  probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bskh.dtype).reshape(b, k, g * t, s)
+  out_bkmh = jnp.einsum("bkms,bkhs->bkmh", probs_bkms, v_bkhs)
+  return out_bkmh.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 class Attention(nnx.Module):
