@@ -1,0 +1,61 @@
+"""Evaluation of a training run's checkpoints, in a process of its own.
+
+Run: python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=runs/pass_at_k
+     python -m ksjax.eval --config=configs/eval.py:<train config> ...   (e.g. :grpo_pass_at_k)
+
+`config.run` is the trainer config that says which task and model the checkpoints hold, and the
+mesh: by default the trainer's base config (the embedded task and tiny model every CPU config in
+configs/ trains); after the colon, the name of another config file in this directory. Its fields
+can be set like any other (`--config.run.model.dtype=bfloat16`, `--config.run.mesh=1,1,8`). The
+evaluation's own settings are the top-level fields below.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+from ksjax.trainer import defaults
+
+
+def _train_config(name: str | None) -> ml_collections.ConfigDict:
+  if not name:
+    return defaults.base_config()
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"configs/eval.py:{name}: no trainer config {path}")
+  spec = importlib.util.spec_from_file_location(f"ksjax_train_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config(train_config: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.checkpoint_dir = config_dict.placeholder(str)  # a run's workdir, or its checkpoints/ dir
+  # Which checkpoints: "latest", "all", "last:N" (each of the N newest, and their average, as
+  # the paper reports), or step numbers "S" / "S1,S2,...".
+  c.steps = "latest"
+  # Follow the directory and evaluate every checkpoint not evaluated yet, as it lands; stop after
+  # idle_timeout_s seconds without a new one (None: never).
+  c.watch = False
+  c.poll_interval_s = 30.0
+  c.idle_timeout_s = config_dict.placeholder(float)
+
+  c.split = "test"  # the task split the problems come from
+  c.num_prompts = config_dict.placeholder(int)  # the first N problems of the split; None: all
+  c.num_samples = 20  # n completions per problem (200 or more for pass@100)
+  c.ks = (1, 2, 5, 10, 20)  # pass@k and maj@k for each k <= num_samples
+  c.temperature = 1.0
+  c.top_p = 1.0
+  c.top_k = 0
+  c.max_new_tokens = config_dict.placeholder(int)  # None: the run's eval.max_new_tokens
+  c.batch_prompts = 32  # problems per sampler call (batch_prompts * num_samples rows)
+  c.seed = 0
+  c.breakdown = ("level", "subject")  # problem metadata fields to report separately
+  c.output_dir = config_dict.placeholder(str)  # None: <run dir>/eval/<split>_n<n>_t<T>_p<p>
+  c.plots = True
+
+  c.run = _train_config(train_config)
+  return c

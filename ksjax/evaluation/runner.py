@@ -1,0 +1,220 @@
+"""The eval binary's job: checkpoints of a training run -> samples -> scores -> results files.
+
+`run(config)` validates everything it can before writing anything: the config (settings.py),
+the checkpoint directory and the steps it names, the task split, and every selected
+checkpoint's parameter shapes against the model the run's config describes. Only then does it
+create the output directory (`<run dir>/eval/<split>_n<n>_t<T>_p<p>` unless config.output_dir
+says otherwise) and evaluate, one checkpoint at a time: restore the parameters onto the mesh,
+sample n completions per problem with the trainer's held-out evaluation loop
+(`ksjax.trainer.evaluation.evaluate`: `ksjax.sampling.generate`, then `Task.score`), estimate
+pass@k, maj@k and the mean reward (estimators.py), and write the step's record, the summaries and
+the figures (results.py, plots.py). A checkpoint already evaluated with the same sampling
+settings is read back instead of evaluated again.
+
+With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
+it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
+(keep_checkpoints), so one that disappears before it is read is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from ksjax import model
+from ksjax.config_validation import ConfigError
+from ksjax.evaluation import checkpoints, plots, results
+from ksjax.evaluation import settings as settings_lib
+from ksjax.evaluation.settings import Settings
+from ksjax.model import checkpoint as model_checkpoint
+from ksjax.model import hf_io
+from ksjax.tasks.base import Prompt, Task
+from ksjax.trainer import evaluation as trainer_evaluation
+from ksjax.trainer import tasks as trainer_tasks
+
+EVAL_DIR = "eval"
+
+
+def _say(message: str) -> None:
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
+def policy_config(run_config: Any, vocab_size: int) -> model.LlamaConfig:
+  """The LlamaConfig of the policy a trainer run with `run_config` trains: its shapes only.
+
+  Mirrors `ksjax.trainer.loop.build_model` (preset, Hugging Face directory or ksjax.model
+  checkpoint; a value head for PPO) without building or loading any weights.
+  """
+  dtype = run_config.model.dtype
+  try:
+    if run_config.init_hf:
+      cfg = hf_io.read_config(run_config.init_hf, dtype=dtype)
+    elif run_config.init_checkpoint:
+      cfg = dataclasses.replace(model_checkpoint.load_config(run_config.init_checkpoint),
+                                param_dtype=dtype, dtype=dtype)
+    else:
+      overrides = {f: run_config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
+                                                    "num_kv_heads", "head_dim",
+                                                    "intermediate_size")
+                   if run_config.model[f] is not None}
+      cfg = model.preset(run_config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
+                         dtype=dtype, **overrides)
+  except (FileNotFoundError, model.CheckpointError) as e:
+    field = "init_hf" if run_config.init_hf else "init_checkpoint"
+    raise ConfigError(f"config.run.{field}: {e}") from None
+  return dataclasses.replace(cfg, value_head=run_config.algorithm == "ppo")
+
+
+def _describe(cfg: model.LlamaConfig) -> str:
+  return (f"the model of config.run ({cfg.num_layers} layers, width {cfg.hidden_size}, "
+          f"vocabulary {cfg.vocab_size})")
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """Evaluates checkpoints of one run on one set of problems with fixed settings."""
+  settings: Settings
+  run: checkpoints.RunDirectory
+  task: Task
+  prompts: Sequence[Prompt]
+  cfg: model.LlamaConfig
+  mesh: jax.sharding.Mesh
+  output_dir: str
+
+  def __post_init__(self):
+    self.graphdef, self.target = checkpoints.abstract_policy(self.cfg, self.mesh)
+    self.records: dict[int, dict] = {
+        r["step"]: r for r in results.load_records(self.output_dir, self.settings.sampling())}
+
+  def check(self, step: int) -> None:
+    checkpoints.check_shapes(self.run, step, self.target, _describe(self.cfg))
+
+  def evaluate(self, step: int) -> dict[str, Any]:
+    """The record of `step`: read back if evaluated before with these settings, else sampled,
+    scored and written (with the summaries and figures)."""
+    if step in self.records:
+      _say(f"step {step}: evaluated before with these settings "
+           f"({results.STEP_FILE.format(step=step)}); reusing it")
+      return self.records[step]
+    s = self.settings
+    started = time.perf_counter()
+    policy = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
+    loaded = time.perf_counter()
+    out = trainer_evaluation.evaluate(
+        policy, self.task, self.prompts, num_samples=s.num_samples, ks=(),
+        max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+        top_k=s.top_k, seed=s.seed, batch_prompts=s.batch_prompts, mesh=self.mesh)
+    seconds = time.perf_counter() - loaded
+    del policy
+    record = results.step_record(
+        step=step, checkpoint=os.path.join(self.run.steps_dir, str(step)),
+        sampling=s.sampling(), ks=s.ks, prompt_ids=[p.id for p in self.prompts],
+        metadata=[dict(p.metadata) for p in self.prompts], breakdown=s.breakdown,
+        correct_gn=out.correct, answer_ids_gn=out.answer_ids, rewards_gn=out.rewards,
+        seconds=seconds)
+    results.save_step(self.output_dir, record)
+    self.records[step] = record
+    self.save_summaries()
+    first = "" if len(self.records) > 1 else ", compilation included"
+    _say(f"step {step}: {record['num_problems']} problems x {s.num_samples} samples in "
+         f"{seconds:.1f}s = {record['samples_per_second']:.1f} samples/s (restore "
+         f"{loaded - started:.1f}s{first}); " + headline(record["metrics"], s.ks))
+    return record
+
+  def save_summaries(self, averaged: dict | None = None) -> None:
+    records = [self.records[step] for step in sorted(self.records)]
+    results.save_summaries(self.output_dir, records, averaged)
+    if self.settings.plots:
+      plots.save_figures(self.output_dir, records)
+
+
+def headline(metrics: dict[str, float], ks: Sequence[int]) -> str:
+  return ", ".join(f"{name} {metrics[name]:.3f}"
+                   for name in ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks])
+
+
+def _prompts(task: Task, s: Settings) -> list[Prompt]:
+  try:
+    prompts = list(task.prompts(s.split))
+  except (KeyError, ValueError) as e:
+    raise ConfigError(f"config.split={s.split!r}: the task has no such split ({e})") from None
+  if not prompts:
+    raise ConfigError(f"config.split={s.split!r}: the task's split has no problems")
+  return prompts[:s.num_prompts] if s.num_prompts else prompts
+
+
+def run(config: Any) -> None:
+  """Evaluates the checkpoints `config` names (see configs/eval.py for every field)."""
+  s = settings_lib.validate(config)
+  run_dir = checkpoints.locate(s.checkpoint_dir)
+  available = checkpoints.steps(run_dir)
+  if not available and not s.watch:
+    raise checkpoints.CheckpointInputError(
+        f"config.checkpoint_dir={s.checkpoint_dir!r} holds no checkpoints (no finished step "
+        f"directory in {run_dir.steps_dir}); expected a run that has saved at least one")
+  selected = settings_lib.select_steps(s.steps, available, run_dir.steps_dir) if available else []
+  task = trainer_tasks.make_task(config.run)
+  try:
+    prompts = _prompts(task, s)
+    mesh = model.make_mesh(s.mesh)
+    cfg = policy_config(config.run, task.tokenizer.vocab_size)
+    output_dir = s.output_dir or os.path.join(run_dir.run_dir, EVAL_DIR, s.output_name())
+    evaluator = Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
+    for step in selected:  # every selected checkpoint fits before anything is written
+      evaluator.check(step)
+    os.makedirs(output_dir, exist_ok=True)
+    _say(f"evaluating {run_dir.steps_dir}: {len(prompts)} {s.split} problems x {s.num_samples} "
+         f"samples (temperature {s.temperature}, top-p {s.top_p}), {cfg.num_params:,} "
+         f"parameters on mesh {dict(mesh.shape)}; results in {output_dir}")
+    if s.watch:
+      follow(evaluator, s, done=set())
+    else:
+      evaluate_steps(evaluator, selected, average=settings_lib.parse_steps(s.steps)[0] == "last")
+  finally:
+    close = getattr(task, "close", None)
+    if close is not None:
+      close()
+
+
+def evaluate_steps(evaluator: Evaluator, steps: Sequence[int], *, average: bool) -> None:
+  records = [evaluator.evaluate(step) for step in steps]
+  if average and records:
+    averaged = results.average(records)
+    evaluator.save_summaries(averaged)
+    _say(f"average of steps {', '.join(map(str, averaged['steps']))}: "
+         + headline(averaged["metrics"], evaluator.settings.ks))
+
+
+def follow(evaluator: Evaluator, s: Settings, *, done: set[int],
+           clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> None:
+  """Evaluates every checkpoint not evaluated yet as it lands, until s.idle_timeout_s passes
+  without a new one (forever if None)."""
+  last_new = clock()
+  while True:
+    pending = [step for step in checkpoints.steps(evaluator.run) if step not in done]
+    for step in pending:
+      done.add(step)
+      try:
+        evaluator.check(step)
+        evaluator.evaluate(step)
+      except (checkpoints.CheckpointInputError, OSError) as e:
+        if os.path.isdir(os.path.join(evaluator.run.steps_dir, str(step))):
+          raise
+        # Deleted by the trainer's keep policy between listing and reading.
+        print(f"warning: checkpoint {step} was removed before it could be read ({e}); skipped",
+              file=sys.stderr, flush=True)
+    if pending:
+      last_new = clock()
+    elif s.idle_timeout_s is not None and clock() - last_new >= s.idle_timeout_s:
+      _say(f"no new checkpoint for {s.idle_timeout_s:g}s; stopping")
+      return
+    else:
+      sleep(s.poll_interval_s)

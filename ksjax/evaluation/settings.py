@@ -1,0 +1,133 @@
+"""Start-up validation of an evaluation config (configs/eval.py), before anything is read or
+written.
+
+`validate(config)` checks every top-level field and the trainer config in `config.run` (with the
+trainer's own validation, so an evaluation accepts exactly the runs the trainer accepts), and
+returns the settings as a frozen dataclass. A bad value is a `ConfigError` naming the field and
+what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from ksjax.config_validation import ConfigError, get, integer, real
+from ksjax.trainer import config as train_config
+# The trainer's field checks, shared rather than copied (they belong in ksjax.config_validation).
+from ksjax.trainer.config import _boolean, _int_tuple, _string  # pylint: disable=protected-access
+
+STEP_CHOICES = "'latest', 'all', 'last:N' or step numbers 'S' / 'S1,S2,...'"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What an evaluation does; `sampling()` is what its results depend on."""
+  checkpoint_dir: str
+  steps: str
+  watch: bool
+  poll_interval_s: float
+  idle_timeout_s: float | None
+  split: str
+  num_prompts: int | None
+  num_samples: int
+  ks: tuple[int, ...]
+  temperature: float
+  top_p: float
+  top_k: int
+  max_new_tokens: int
+  batch_prompts: int
+  seed: int
+  breakdown: tuple[str, ...]
+  mesh: tuple[int, int, int]  # the run's (config.run.mesh), as the trainer shards
+  output_dir: str | None
+  plots: bool
+
+  def sampling(self) -> dict[str, Any]:
+    """The fields that decide an evaluation's numbers: results are reused only when equal."""
+    return {"split": self.split, "num_prompts": self.num_prompts,
+            "num_samples": self.num_samples, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens,
+            "batch_prompts": self.batch_prompts, "seed": self.seed}
+
+  def output_name(self) -> str:
+    return f"{self.split}_n{self.num_samples}_t{self.temperature:g}_p{self.top_p:g}"
+
+
+def parse_steps(spec: str) -> tuple[str, int | tuple[int, ...] | None]:
+  """"latest" | "all" | "last:N" | "S1,S2" -> (kind, argument)."""
+  spec = spec.strip()
+  if spec in ("latest", "all"):
+    return spec, None
+  match = re.fullmatch(r"last:(\d+)", spec)
+  if match and int(match.group(1)) >= 1:
+    return "last", int(match.group(1))
+  if re.fullmatch(r"\d+(,\d+)*", spec):
+    return "steps", tuple(sorted({int(s) for s in spec.split(",")}))
+  raise ConfigError(f"config.steps={spec!r} is not accepted; expected {STEP_CHOICES}")
+
+
+def select_steps(spec: str, available: list[int], where: str) -> list[int]:
+  """The steps `spec` names among `available` (ascending); ConfigError for a missing one."""
+  kind, arg = parse_steps(spec)
+  if kind == "latest":
+    return available[-1:]
+  if kind == "all":
+    return list(available)
+  if kind == "last":
+    return available[-arg:]
+  missing = [s for s in arg if s not in available]
+  if missing:
+    raise ConfigError(f"config.steps={spec!r}: no checkpoint of step {missing[0]} in {where}; "
+                      f"the steps there are {', '.join(map(str, available))}")
+  return list(arg)
+
+
+def validate(config: Any) -> Settings:
+  """Checks every field; raises ConfigError. `config.run` is checked by the trainer."""
+  known = ("checkpoint_dir", "steps", "watch", "poll_interval_s", "idle_timeout_s", "split",
+           "num_prompts", "num_samples", "ks", "temperature", "top_p", "top_k",
+           "max_new_tokens", "batch_prompts", "seed", "breakdown", "output_dir", "plots", "run")
+  for key in config.keys():
+    if key not in known:
+      raise ConfigError(f"config.{key} is not a field of the evaluation config; the fields are "
+                        f"{', '.join(known)}")
+  checkpoint_dir = get(config, "checkpoint_dir")
+  if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
+    raise ConfigError(f"config.checkpoint_dir={checkpoint_dir!r} is not accepted; expected the "
+                      "directory of a training run (--config.checkpoint_dir=DIR)")
+  steps = _string(config, "steps")
+  parse_steps(steps)
+  watch = _boolean(config, "watch")
+  poll = real(config, "poll_interval_s", lo=0.0, lo_open=True)
+  idle = None if get(config, "idle_timeout_s") is None else real(config, "idle_timeout_s", lo=0.0)
+  n = integer(config, "num_samples", lo=1)
+  ks = _int_tuple(config, "ks", lo=1)
+  if max(ks) > n:
+    raise ConfigError(f"config.ks={ks!r} is not accepted with config.num_samples={n}; expected "
+                      f"every k <= num_samples (pass@{max(ks)} needs at least {max(ks)} samples "
+                      "per problem)")
+  breakdown = get(config, "breakdown")
+  if not isinstance(breakdown, (tuple, list)) or not all(
+      isinstance(b, str) and b for b in breakdown):
+    raise ConfigError(f"config.breakdown={breakdown!r} is not accepted; expected a tuple of "
+                      "problem metadata field names, e.g. ('level', 'subject')")
+  try:
+    derived = train_config.validate(config.run)
+  except ConfigError as e:
+    raise ConfigError(str(e).replace("config.", "config.run.")) from None
+  max_new = integer(config, "max_new_tokens", lo=1, allow_none=True)
+  settings = Settings(
+      checkpoint_dir=checkpoint_dir, steps=steps, watch=watch, poll_interval_s=poll,
+      idle_timeout_s=idle, split=_string(config, "split"),
+      num_prompts=integer(config, "num_prompts", lo=1, allow_none=True), num_samples=n,
+      ks=tuple(sorted(set(ks))), temperature=real(config, "temperature", lo=0.0),
+      top_p=real(config, "top_p", lo=0.0, hi=1.0, lo_open=True),
+      top_k=integer(config, "top_k", lo=0),
+      max_new_tokens=derived.eval_max_new_tokens if max_new is None else max_new,
+      batch_prompts=integer(config, "batch_prompts", lo=1),
+      seed=integer(config, "seed", lo=0, hi=2**31 - 1), breakdown=tuple(breakdown),
+      mesh=tuple(config.run.mesh), output_dir=_string(config, "output_dir", allow_none=True),
+      plots=_boolean(config, "plots"))
+  return settings
