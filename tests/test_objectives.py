@@ -88,6 +88,35 @@ def test_large_n_equals_k(aggregator):
       np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("k", [4, 6])
+def test_softmax_is_stable_for_large_beta(k):
+  """beta * r spanning hundreds underflows every weight of subsets far below the maximum unless each
+  subset is shifted by its own maximum (k = 6 = n takes the leave-one-out path, k = 4 the gather)."""
+  rewards = np.array([[2.0, -1.0, 0.5, -3.0, 1.5, 2.0], [0.1, -4.0, 3.0, 0.2, -0.3, 0.0]])
+  for baseline in ("loo", "loo_demeaned"):
+    got = objectives.k_sample_advantages(rewards.astype(np.float32), aggregator="softmax",
+                                         baseline=baseline, k=k, beta=300.0)
+    want = objectives_naive.weights("softmax", baseline, k, 1, rewards, rewards < 0, 300.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregator,n,k,baseline", [
+    ("majority_vote", 12, 5, "none"),  # votes counted among the members, gathered
+    ("majority_vote", 8, 7, "leave_p_out"),  # m = 5: votes counted among the left-outs
+    ("softmax", 19, 17, "none"),  # gathered [G, C, m]
+])
+def test_every_enumeration_path_matches_literal(aggregator, n, k, baseline):
+  """The small tests take the per-member-column and leave-one-out paths; these sizes the others."""
+  rng = np.random.default_rng(n)
+  answers = rng.integers(0, 3, size=(2, n))
+  rewards = np.array([0.4, -1.0, 1.0])[answers]
+  with jax.enable_x64(True):
+    got = objectives.k_sample_advantages(rewards, aggregator=aggregator, baseline=baseline, k=k,
+                                         p=2, answer_ids=answers)
+  want = objectives_naive.weights(aggregator, baseline, k, 2, rewards, answers, 1.0)
+  np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_majority_vote_in_chunks(monkeypatch):
   """Groups processed in chunks (bounded memory) give the same weights as all at once."""
   rng = np.random.default_rng(2)

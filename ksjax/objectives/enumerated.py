@@ -4,7 +4,9 @@ These f have no order-statistic structure, so f is evaluated on every m-subset o
 (for the sizes m the estimator needs, see `ksjax.objectives.advantages`) and the subset values are
 summed onto the samples each subset contains or leaves out. The subset lists are static
 (itertools.combinations of range(n)); their size is capped at `MAX_SUBSETS` per family. With
-n = k the families are tiny: the whole group and its n leave-one-outs.
+n = k the families are tiny: the whole group and its n leave-one-outs, which have O(n) (softmax)
+and O(n^2) (majority voting) forms that gather nothing. Small subsets are evaluated one member
+column at a time, large ones as gathered [C, m] blocks or through the samples they leave out.
 
 majority_vote, f(y) = r(maj(a)) with uniform random tie-break, taken in expectation: the average of
 the rewards of the plurality classes. A class's reward is the mean reward of its members in the
@@ -30,6 +32,10 @@ import numpy as np
 MAX_SUBSETS = 20_000
 # Elements of the per-member vote-count intermediate made at once; more groups run in chunks.
 _VOTE_ELEMENTS_PER_CHUNK = 1 << 24
+# Subsets of at most this many members are handled one member column [G, C] at a time: XLA's CPU
+# backend reduces a short minor axis ([G, C, m] over m) about ten times slower than it combines m
+# [G, C] arrays elementwise. Majority voting compares every pair of members, hence its lower bound.
+_UNROLL_SOFTMAX, _UNROLL_VOTES = 16, 4
 
 
 class Subsets(NamedTuple):
@@ -67,9 +73,71 @@ def check_enumerable(aggregator: str, n: int, sizes: tuple[int, ...]) -> None:
 @functools.partial(jax.jit, static_argnames="m")
 def softmax_values(rewards_gn: jax.Array, beta: float | jax.Array, m: int) -> jax.Array:
   """f on every m-subset, [G, C(n, m)]."""
-  rewards_gcm = rewards_gn[:, subsets(rewards_gn.shape[-1], m).members]
+  n = rewards_gn.shape[-1]
+  if m == n - 1 >= 1:
+    # combinations(range(n), n - 1) lists the subsets leaving out n - 1, n - 2, ..., 0.
+    return jnp.flip(_softmax_leave_one_out(rewards_gn, beta), axis=-1)
+  members_cm = subsets(n, m).members
+  if m <= _UNROLL_SOFTMAX:
+    columns = [rewards_gn[:, members_cm[:, j]] for j in range(m)]  # m x [G, C]
+    top_gc = functools.reduce(jnp.maximum, [beta * column for column in columns])
+    weights = [jnp.exp(beta * column - top_gc) for column in columns]
+    return sum(w * column for w, column in zip(weights, columns)) / sum(weights)
+  rewards_gcm = rewards_gn[:, members_cm]
   probs_gcm = jax.nn.softmax(beta * rewards_gcm, axis=-1)
   return jnp.sum(probs_gcm * rewards_gcm, axis=-1)
+
+
+def _softmax_leave_one_out(rewards_gn: jax.Array, beta: float | jax.Array) -> jax.Array:
+  """f on the group without sample j, [G, n]: O(n), where the gathered form is O(n^2).
+
+  Without j the largest logit is the group's, unless j holds it; so one set of exponentials,
+  shifted by the group maximum, serves every j but that one (its sums are at least 1), and a
+  second, shifted by the runner-up, serves it. Sums over i != j are exclusive prefix plus suffix
+  sums, so nothing is subtracted.
+  """
+  logits_gn = beta * rewards_gn
+  n = logits_gn.shape[-1]
+  top_g1 = jnp.argmax(logits_gn, axis=-1, keepdims=True)
+  is_top_gn = jnp.arange(n) == top_g1
+  others_gn = jnp.where(is_top_gn, -jnp.inf, logits_gn)
+  weights_gn = jnp.exp(logits_gn - jnp.max(logits_gn, axis=-1, keepdims=True))
+  runner_up_gn = jnp.exp(others_gn - jnp.max(others_gn, axis=-1, keepdims=True))
+
+  def without_each(values_gn):
+    zeros_g1 = jnp.zeros_like(values_gn[:, :1])
+    before_gn = jnp.concatenate([zeros_g1, jnp.cumsum(values_gn, axis=-1)[:, :-1]], axis=-1)
+    after_gn = jnp.concatenate(
+        [jnp.flip(jnp.cumsum(jnp.flip(values_gn, -1), axis=-1), -1)[:, 1:], zeros_g1], axis=-1)
+    return before_gn + after_gn
+
+  value_gn = without_each(weights_gn * rewards_gn) / without_each(weights_gn)
+  top_value_g1 = (jnp.sum(runner_up_gn * rewards_gn, axis=-1, keepdims=True)
+                  / jnp.sum(runner_up_gn, axis=-1, keepdims=True))
+  return jnp.where(is_top_gn, top_value_g1, value_gn)
+
+
+def _majority_leave_one_out(rewards_n, ids_n):
+  """Per group: f without sample j, [n], from the full vote counts less j's own vote, [n, n]."""
+  n = rewards_n.shape[0]
+  same_ji = ids_n[:, None] == ids_n[None, :]
+  others_ji = ~np.eye(n, dtype=bool)
+  votes_ji = jnp.where(others_ji, jnp.sum(same_ji, axis=0) - same_ji, 0)
+  in_plurality_ji = others_ji & (votes_ji == jnp.max(votes_ji, axis=-1, keepdims=True))
+  return (jnp.sum(jnp.where(in_plurality_ji, rewards_n, 0), axis=-1)
+          / jnp.sum(in_plurality_ji, axis=-1).astype(rewards_n.dtype))
+
+
+def _majority_values_unrolled(rewards_n, ids_n, members_cm):
+  """Per group, for few members: member columns [C], votes compared pairwise."""
+  m = members_cm.shape[1]
+  rewards = [rewards_n[members_cm[:, j]] for j in range(m)]
+  ids = [ids_n[members_cm[:, j]] for j in range(m)]
+  votes = [sum((ids[j] == ids[i]).astype(jnp.int32) for i in range(m)) for j in range(m)]
+  top_c = functools.reduce(jnp.maximum, votes)
+  in_plurality = [v == top_c for v in votes]
+  return (sum(jnp.where(inside, r, 0) for inside, r in zip(in_plurality, rewards))
+          / sum(inside.astype(rewards_n.dtype) for inside in in_plurality))
 
 
 def _majority_values_direct(rewards_n, ids_n, members_cm):
@@ -98,7 +166,13 @@ def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int
   group_count, n = rewards_gn.shape
   family = subsets(n, m)
   count = family.members.shape[0]
-  if m * m <= n * (n - m):
+  if m == n - 1 >= 1:
+    per_group = n * n
+    values = _majority_leave_one_out
+  elif m <= _UNROLL_VOTES:
+    per_group = count * m * m
+    values = functools.partial(_majority_values_unrolled, members_cm=family.members)
+  elif m * m <= n * (n - m):
     per_group = count * m * m
     values = functools.partial(_majority_values_direct, members_cm=family.members)
   else:
@@ -109,8 +183,11 @@ def majority_vote_values(rewards_gn: jax.Array, answer_ids_gn: jax.Array, m: int
     return jnp.zeros((0, count), rewards_gn.dtype)
   batch = max(1, _VOTE_ELEMENTS_PER_CHUNK // per_group)
   if batch >= group_count:
-    return jax.vmap(values)(rewards_gn, answer_ids_gn)
-  return jax.lax.map(lambda xs: values(*xs), (rewards_gn, answer_ids_gn), batch_size=batch)
+    values_gc = jax.vmap(values)(rewards_gn, answer_ids_gn)
+  else:
+    values_gc = jax.lax.map(lambda xs: values(*xs), (rewards_gn, answer_ids_gn), batch_size=batch)
+  # combinations(range(n), n - 1) lists the subsets leaving out n - 1, n - 2, ..., 0.
+  return jnp.flip(values_gc, axis=-1) if values is _majority_leave_one_out else values_gc
 
 
 def _onto_samples(values_gc: jax.Array, coefficients_cn: np.ndarray) -> jax.Array:
