@@ -90,8 +90,8 @@ def test_large_n_equals_k(aggregator):
 
 @pytest.mark.parametrize("k", [4, 6])
 def test_softmax_is_stable_for_large_beta(k):
-  """beta * r spanning hundreds underflows every weight of subsets far below the maximum unless each
-  subset is shifted by its own maximum (k = 6 = n takes the leave-one-out path, k = 4 the gather)."""
+  """beta * r spanning hundreds underflows every weight of subsets far below the maximum unless
+  each subset is shifted by its own maximum (k = n = 6: the leave-one-out path; k = 4: columns)."""
   rewards = np.array([[2.0, -1.0, 0.5, -3.0, 1.5, 2.0], [0.1, -4.0, 3.0, 0.2, -0.3, 0.0]])
   for baseline in ("loo", "loo_demeaned"):
     got = objectives.k_sample_advantages(rewards.astype(np.float32), aggregator="softmax",
