@@ -20,6 +20,7 @@ import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from ksjax import model
@@ -61,7 +62,7 @@ def steps(run: RunDirectory) -> list[int]:
   return sorted(ocp.utils.checkpoint_steps(run.steps_dir))
 
 
-def step_dir(run: RunDirectory, step: int) -> str:
+def state_dir(run: RunDirectory, step: int) -> str:
   return os.path.join(run.steps_dir, str(step), STATE_ITEM)
 
 
@@ -93,9 +94,9 @@ def _shapes(tree) -> dict[str, tuple[int, ...]]:
 def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str) -> None:
   """One clear error for the first parameter that the checkpoint lacks, has in another shape,
   or has in excess of the model `what` describes."""
-  path = step_dir(run, step)
+  path = state_dir(run, step)
   try:
-    stored = ocp.PyTreeCheckpointer().metadata(path).item_metadata
+    stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
   except (FileNotFoundError, ValueError, KeyError, OSError) as e:
     raise CheckpointInputError(f"checkpoint {path!r} cannot be read ({type(e).__name__}: "
                                f"{str(e)[:200]}); expected a ksjax trainer checkpoint") from None
@@ -122,8 +123,10 @@ def restore_policy(run: RunDirectory, step: int, graphdef: nnx.GraphDef,
                    target: nnx.State) -> model.Llama:
   """The policy at `step`, its parameters restored onto the shardings `target` carries."""
   item = {PARAMS_FIELD: target}
-  restored = ocp.PyTreeCheckpointer().restore(
-      step_dir(run, step),
+  # The item's handler itself, not a Checkpointer: the trainer's step-level metadata sits one
+  # directory up, and a Checkpointer would warn that the item directory lacks it.
+  restored = ocp.PyTreeCheckpointHandler().restore(
+      epath.Path(state_dir(run, step)),
       args=ocp.args.PyTreeRestore(item=item,
                                   restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                                   partial_restore=True))
