@@ -14,8 +14,9 @@ subset (equal to "the reward of the answer" when, as the task interface guarante
 constant within a class); every plurality class has the same number of members, so f is the plain
 mean reward of the members of plurality classes, computed below from per-member vote counts.
 
-softmax, f(y) = sum_i p_i r_i with p = softmax(beta r) over the subset; jax.nn.softmax subtracts the
-subset's own maximum, so subsets far below the group maximum do not underflow.
+softmax, f(y) = sum_i p_i r_i with p = softmax(beta r) over the subset; every path shifts a
+subset's logits by that subset's own maximum, so subsets far below the group maximum do not
+underflow whatever beta * r spans.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ksjax.objectives import exclusive_sums
 
 MAX_SUBSETS = 20_000
 # Elements of the per-member vote-count intermediate made at once; more groups run in chunks.
@@ -47,6 +50,7 @@ class Subsets(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def subsets(n: int, m: int) -> Subsets:
+  """The m-subsets of range(n), built once per (n, m) and read-only."""
   count = math.comb(n, m)
   members_cm = np.array(list(itertools.combinations(range(n), m)), dtype=np.int32).reshape(count, m)
   membership_cn = np.zeros((count, n), dtype=bool)
@@ -103,13 +107,8 @@ def _softmax_leave_one_out(rewards_gn: jax.Array, beta: float | jax.Array) -> ja
   others_gn = jnp.where(is_top_gn, -jnp.inf, logits_gn)
   weights_gn = jnp.exp(logits_gn - jnp.max(logits_gn, axis=-1, keepdims=True))
   runner_up_gn = jnp.exp(others_gn - jnp.max(others_gn, axis=-1, keepdims=True))
-
   def without_each(values_gn):
-    zeros_g1 = jnp.zeros_like(values_gn[:, :1])
-    before_gn = jnp.concatenate([zeros_g1, jnp.cumsum(values_gn, axis=-1)[:, :-1]], axis=-1)
-    after_gn = jnp.concatenate(
-        [jnp.flip(jnp.cumsum(jnp.flip(values_gn, -1), axis=-1), -1)[:, 1:], zeros_g1], axis=-1)
-    return before_gn + after_gn
+    return exclusive_sums.before(values_gn) + exclusive_sums.after(values_gn)
 
   value_gn = without_each(weights_gn * rewards_gn) / without_each(weights_gn)
   top_value_g1 = (jnp.sum(runner_up_gn * rewards_gn, axis=-1, keepdims=True)

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ksjax.objectives import exclusive_sums
+
 # (own [n], below [n], above [n]) coefficients over sorted positions, float64.
 _Coefficients = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -98,14 +100,8 @@ def _apply(rewards_gn: jax.Array, coefficients: _Coefficients) -> jax.Array:
 def _apply_jit(rewards_gn, own_n, below_n, above_n):
   order_gn = jnp.argsort(rewards_gn, axis=-1, stable=True)
   sorted_gn = jnp.take_along_axis(rewards_gn, order_gn, axis=-1)
-  zeros_g1 = jnp.zeros_like(sorted_gn[:, :1])
-  # Exclusive cumulative sums by shifting, not by subtracting: terms with zero coefficients then add
-  # exact zeros, which keeps the tie cases exact.
-  below_gn = jnp.concatenate([zeros_g1, jnp.cumsum(below_n * sorted_gn, axis=-1)[:, :-1]], axis=-1)
-  above_terms_gn = above_n * sorted_gn
-  above_gn = jnp.concatenate(
-      [jnp.flip(jnp.cumsum(jnp.flip(above_terms_gn, -1), axis=-1), -1)[:, 1:], zeros_g1], axis=-1)
-  weights_sorted_gn = own_n * sorted_gn + below_gn + above_gn
+  weights_sorted_gn = (own_n * sorted_gn + exclusive_sums.before(below_n * sorted_gn)
+                       + exclusive_sums.after(above_n * sorted_gn))
   return jnp.put_along_axis(
       jnp.zeros_like(rewards_gn), order_gn, weights_sorted_gn, axis=-1, inplace=False)
 
