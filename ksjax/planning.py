@@ -1,0 +1,524 @@
+"""The memory plan: what each device must hold for a trainer config, known before anything is allocated.
+
+A run holds, per device, at all times
+  * the parameters of the policy and its AdamW moments (the `TrainState` the update donates);
+  * the frozen reference policy (a second copy of the parameters, for the KL metrics and penalty);
+and, one phase at a time,
+  * update:   the compiled optimizer step over one mini-batch (gradients, activations of the
+              micro-batch, the gathered FSDP weights, the optimizer's temporaries);
+  * sampling: the prefill and the decode loop of `ksjax.sampling` over B * n rows, whose largest
+              buffer is the KV cache [L, B*n, S, K, H] twice (keys and values);
+  * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows.
+
+Parameters, optimizer state and KV cache are computed exactly from shapes and shardings
+(`jax.eval_shape`, `NamedSharding.shard_shape`). The phases come from the compiled programs
+themselves: the trainer's `Updater` step and the sampler's prefill and decode are lowered with
+`jax.ShapeDtypeStruct` arguments carrying their shardings and compiled, and
+`Compiled.memory_analysis()` gives per-device argument, output, aliased and temporary bytes.
+Nothing is allocated, so a 70B model is planned on a laptop.
+
+Depth. Compiling the whole stack of a 70B model for 256 devices takes minutes on a CPU; every
+decoder block is the same program, so each program's bytes are affine in the number of layers.
+Models deeper than `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full
+compiles; e.g. Llama 3.1 8B on 8 devices, 32 layers: 8.066 GiB compiled, 8.066 GiB extrapolated
+from 2 and 4 layers).
+
+Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
+when run on them (the trainer's start-up check), or fake CPU devices (`python -m
+ksjax.tools.plan --devices=256` on a workstation). XLA's CPU backend computes bfloat16 matmuls in
+float32 and schedules without a memory limit, so its temporaries are an upper bound of what a
+TPU or GPU compile needs; the exact parts (parameters, optimizer, KV cache) do not depend on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ksjax import model
+from ksjax.config_validation import ConfigError
+from ksjax.model import checkpoint as model_checkpoint
+from ksjax.model import hf_io, sharding
+from ksjax.sampling import batching
+from ksjax.sampling import sampler as sampler_lib
+from ksjax.sampling.config import SamplerConfig
+from ksjax.trainer import config as trainer_config
+from ksjax.trainer import update as update_lib
+
+# Models with at most this many layers are compiled whole; deeper ones at `PROBE_DEPTHS`.
+EXACT_DEPTH = 4
+PROBE_DEPTHS = (2, 4)
+# The longest prompt a plan assumes when the caller does not say (tokens).
+DEFAULT_PROMPT_LEN = 512
+# Fraction of a device's memory a plan may fill: the rest is left to the runtime (its own
+# buffers, fragmentation, host transfers).
+USABLE_FRACTION = 0.9
+GIB = 2**30
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------------------------
+
+def device_bytes(tree: Any) -> int:
+  """Bytes one device holds of a pytree of arrays or ShapeDtypeStructs (the largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.shape
+    leaf_sharding = getattr(leaf, "sharding", None)
+    if leaf_sharding is not None:
+      shape = leaf_sharding.shard_shape(shape)
+    total += math.prod(shape) * leaf.dtype.itemsize
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """Per-device bytes of one compiled program (`Compiled.memory_analysis()`)."""
+  arguments: int
+  outputs: int
+  aliased: int   # outputs written into donated arguments
+  temps: int     # everything else the program allocates while it runs
+
+  @classmethod
+  def of(cls, compiled: jax.stages.Compiled) -> "ProgramMemory":
+    m = compiled.memory_analysis()
+    return cls(arguments=int(m.argument_size_in_bytes), outputs=int(m.output_size_in_bytes),
+               aliased=int(m.alias_size_in_bytes), temps=int(m.temp_size_in_bytes))
+
+  @property
+  def peak(self) -> int:
+    """Bytes live while it runs: arguments, new outputs and temporaries."""
+    return self.arguments + self.outputs - self.aliased + self.temps
+
+  def extrapolate(self, other: "ProgramMemory", depths: tuple[int, int],
+                  depth: int) -> "ProgramMemory":
+    """The affine continuation in depth of `self` (at depths[0]) and `other` (at depths[1])."""
+    d0, d1 = depths
+    line = lambda a, b: a + (b - a) * (depth - d0) // (d1 - d0)
+    return ProgramMemory(*(line(getattr(self, f.name), getattr(other, f.name))
+                           for f in dataclasses.fields(self)))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trainer would build, abstractly
+# ---------------------------------------------------------------------------------------------
+
+def vocab_size_of(config: Any) -> int:
+  """The vocabulary the trainer's model will have: the checkpoint's, else the task tokenizer's."""
+  if config.init_hf or config.init_checkpoint:
+    return model_config(config, vocab_size=1).vocab_size
+  if config.task == "synthetic":
+    from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+    return synthetic.make_tokenizer().vocab_size
+  if config.tokenizer.path:
+    from ksjax.trainer import tasks  # pylint: disable=g-import-not-at-top
+    return tasks._tokenizer(config).vocab_size  # pylint: disable=protected-access
+  return model.preset(config.model.preset).vocab_size
+
+
+def prompt_len_of(config: Any) -> int:
+  """The longest prompt a plan assumes: the synthetic task's exactly, else DEFAULT_PROMPT_LEN."""
+  if config.task == "synthetic":
+    from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+    return synthetic.max_prompt_chars() + 1  # one token per character, and BOS
+  return DEFAULT_PROMPT_LEN
+
+
+def model_config(config: Any, vocab_size: int) -> model.LlamaConfig:
+  """The LlamaConfig `ksjax.trainer.loop.build_model` would build, from config files only."""
+  dtype = config.model.dtype
+  try:
+    if config.init_hf:
+      cfg = hf_io.read_config(config.init_hf, dtype)
+    elif config.init_checkpoint:
+      cfg = dataclasses.replace(model_checkpoint.load_config(config.init_checkpoint),
+                                param_dtype=dtype, dtype=dtype)
+    else:
+      overrides = {f: config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
+                                                "num_kv_heads", "head_dim", "intermediate_size")
+                   if config.model[f] is not None}
+      cfg = model.preset(config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
+                         dtype=dtype, remat=config.model.remat, **overrides)
+  except (FileNotFoundError, json.JSONDecodeError, model.CheckpointError) as e:
+    field = "init_hf" if config.init_hf else "init_checkpoint"
+    raise ConfigError(f"config.{field}: {e}") from None
+  if config.algorithm == "ppo":
+    cfg = dataclasses.replace(cfg, value_head=True)
+  return cfg
+
+
+def abstract_params(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, Any]:
+  """The model's graph and its parameters as ShapeDtypeStructs placed by their partition specs."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0))))
+  placed = nnx.map_state(
+      lambda path, leaf: jax.ShapeDtypeStruct(
+          leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, sharding.partition_spec(path))),
+      state)
+  return graphdef, placed
+
+
+def make_updater(config: Any, graphdef: nnx.GraphDef,
+                 mesh: jax.sharding.Mesh) -> update_lib.Updater:
+  """The trainer's Updater for `config` (same optimizer and loss as `ksjax.trainer.loop`)."""
+  loss_cfg = update_lib.LossConfig(
+      algorithm=config.algorithm, clip_eps=config.clip_eps, value_clip=config.value_clip,
+      value_coef=config.value_coef, is_cap=config.is_cap, kl_coef=config.kl_coef,
+      kl_estimator=config.kl_estimator, temperature=config.temperature)
+  optimizer = update_lib.make_optimizer(
+      learning_rate=config.learning_rate, warmup_steps=config.lr_warmup_steps,
+      weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, b1=config.adam_b1,
+      b2=config.adam_b2, eps=config.adam_eps)
+  return update_lib.Updater(graphdef, optimizer, loss_cfg, mesh)
+
+
+def update_batch(config: Any, mesh: jax.sharding.Mesh, *, rows: int, micro: int,
+                 seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The [M, m, T] arrays `ksjax.trainer.learner.learn` gives one dense optimizer step."""
+  m = micro
+  shape_mm = (rows // m, m)
+  shapes = {"tokens": (jnp.int32, 3), "attention_mask": (jnp.bool_, 3),
+            "token_weight": (jnp.float32, 3), "behaviour_logp": (jnp.float32, 3),
+            "advantage": (jnp.float32, 2)}
+  if config.algorithm in update_lib.CLIPPED:
+    shapes["old_logp"] = (jnp.float32, 3)
+  if config.algorithm == "ppo":
+    shapes.update(old_value=(jnp.float32, 2), value_weight=(jnp.float32, 2))
+  if config.kl_coef > 0:
+    shapes["ref_logp"] = (jnp.float32, 3)
+  out = {}
+  for name, (dtype, ndim) in shapes.items():
+    spec = P(None, sharding.BATCH, *([None] * (ndim - 2)))
+    out[name] = jax.ShapeDtypeStruct(shape_mm + (seq_len,) * (ndim - 2), dtype,
+                                     sharding=NamedSharding(mesh, spec))
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling the programs
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """The sizes a plan is made for (derived from the config and the longest prompt)."""
+  prompt_len: int          # T_p, the sampler's bucketed prompt length
+  update_rows: int         # rows per optimizer step (one mini-batch)
+  micro_batch: int         # rows per gradient micro-batch, a multiple of the batch shards
+  sample_prompts: int      # prompts per sampler call after the sampler's bucketing
+  samples: int             # n
+  max_new_tokens: int
+  eval_prompts: int
+  eval_samples: int
+  eval_max_new_tokens: int
+
+
+def plan_shapes(config: Any, mesh: jax.sharding.Mesh, prompt_len: int) -> Shapes:
+  derived = trainer_config.validate(config)
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  trainer_config.check_mesh(derived, shards)
+  # As `ksjax.trainer.learner.learn` lays out a dense mini-batch.
+  rows = derived.minibatch_rows
+  micro = -(-min(rows, derived.micro_batch_size) // shards) * shards
+  return Shapes(
+      prompt_len=batching.bucket_length(prompt_len), update_rows=-(-rows // micro) * micro,
+      micro_batch=micro,
+      sample_prompts=batching.bucket_prompt_batch(config.batch_prompts, derived.n, shards),
+      samples=derived.n, max_new_tokens=config.max_new_tokens,
+      eval_prompts=batching.bucket_prompt_batch(config.eval.batch_prompts,
+                                                config.eval.num_samples, shards),
+      eval_samples=config.eval.num_samples, eval_max_new_tokens=derived.eval_max_new_tokens)
+
+
+def compile_update(config: Any, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
+                   shapes: Shapes) -> ProgramMemory:
+  """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating."""
+  graphdef, params = abstract_params(cfg, mesh)
+  updater = make_updater(config, graphdef, mesh)
+  state = updater.abstract_state(params)
+  batch = update_batch(config, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
+                       seq_len=shapes.prompt_len + shapes.max_new_tokens)
+  step = updater._compile_step(state, batch, shapes.prompt_len)  # pylint: disable=protected-access
+  return ProgramMemory.of(step.lower(state, batch).compile())
+
+
+def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts: int,
+                    samples: int, prompt_len: int,
+                    max_new_tokens: int) -> tuple[ProgramMemory, ProgramMemory]:
+  """Memory of the sampler's prefill and decode programs for one call, compiled abstractly."""
+  graphdef, params = abstract_params(cfg, mesh)
+  shapes = sampler_lib.Shapes(prompts, samples, prompt_len)
+  prefill, decode = sampler_lib.programs(graphdef, SamplerConfig(max_new_tokens=max_new_tokens),
+                                         mesh, shapes)
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  prompt_sharding = (sharding.batch_sharding(mesh) if prompts % shards == 0
+                     else NamedSharding(mesh, P()))
+  tokens = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32, sharding=prompt_sharding)
+  mask = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.bool_, sharding=prompt_sharding)
+  args = (params, tokens, mask, jax.ShapeDtypeStruct((), jnp.int32),
+          jax.ShapeDtypeStruct((), jnp.uint32))
+  prefill_memory = ProgramMemory.of(prefill.lower(*args).compile())
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       jax.eval_shape(prefill, *args), sampler_lib.state_shardings(mesh))
+  return prefill_memory, ProgramMemory.of(decode.lower(params, state).compile())
+
+
+def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, rows: int,
+                   cache_len: int) -> int:
+  """Per-device bytes of the sampler's KV cache (`model.init_cache`) for `rows` sequences."""
+  cache = jax.eval_shape(lambda: model.init_cache(cfg, rows, cache_len))
+  placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), cache,
+                        sharding.cache_sharding(mesh))
+  return device_bytes(placed)
+
+
+def _by_depth(fn, cfg: model.LlamaConfig):
+  """fn(cfg) for the model's depth: compiled whole, or at PROBE_DEPTHS and extrapolated."""
+  if cfg.num_layers <= EXACT_DEPTH:
+    return fn(cfg)
+  low, high = (fn(dataclasses.replace(cfg, num_layers=d)) for d in PROBE_DEPTHS)
+  if isinstance(low, tuple):
+    return tuple(a.extrapolate(b, PROBE_DEPTHS, cfg.num_layers) for a, b in zip(low, high))
+  return low.extrapolate(high, PROBE_DEPTHS, cfg.num_layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Per-device bytes of a trainer config on a mesh. See the module docstring."""
+  model: model.LlamaConfig
+  mesh: dict[str, int]
+  platform: str            # the backend the programs were compiled for
+  shapes: Shapes
+  params: int              # the policy's parameters
+  optimizer: int           # AdamW's moments (and its step counters)
+  reference: int           # the frozen reference policy
+  update: ProgramMemory    # one optimizer step (arguments: the TrainState and the batch)
+  kv_cache: int            # the training sampler's KV cache (inside prefill/decode outputs)
+  prefill: ProgramMemory
+  decode: ProgramMemory
+  eval_kv_cache: int
+  eval_prefill: ProgramMemory
+  eval_decode: ProgramMemory
+  extrapolated: bool       # compiled at PROBE_DEPTHS and extrapolated to the model's depth
+
+  @property
+  def phases(self) -> dict[str, int]:
+    """Peak bytes of each phase: what is held throughout plus the phase's program."""
+    sampler_held = self.optimizer + self.reference  # the parameters are the programs' argument
+    return {
+        "update": self.reference + self.update.peak,
+        "sampling": sampler_held + max(self.prefill.peak, self.decode.peak),
+        "eval": sampler_held + max(self.eval_prefill.peak, self.eval_decode.peak),
+    }
+
+  @property
+  def peak(self) -> int:
+    return max(self.phases.values())
+
+  @property
+  def update_activations(self) -> int:
+    """The update's bytes beyond the TrainState it is given: batch, gradients, activations."""
+    return self.update.peak - self.params - self.optimizer
+
+  def table(self, device_memory: Sequence[int] = ()) -> str:
+    """A human-readable per-device breakdown; with device sizes, whether it fits each."""
+    gib = lambda b: f"{b / GIB:10.2f} GiB"
+    s = self.shapes
+    mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+    lines = [
+        f"model: {self.model.num_params / 1e9:.2f}B parameters, {self.model.num_layers} layers, "
+        f"{self.model.param_dtype}, remat={self.model.remat}",
+        f"mesh: {mesh} ({math.prod(self.mesh.values())} {self.platform} devices"
+        f"{'; programs extrapolated in depth from ' + str(PROBE_DEPTHS) if self.extrapolated else ''})",
+        f"update: {s.update_rows} rows per optimizer step in micro-batches of {s.micro_batch}, "
+        f"sequence {s.prompt_len} + {s.max_new_tokens}",
+        f"sampling: {s.sample_prompts} prompts x {s.samples} samples; eval {s.eval_prompts} x "
+        f"{s.eval_samples}, {s.eval_max_new_tokens} new tokens",
+        "per device:",
+        f"  parameters                {gib(self.params)}",
+        f"  optimizer state (AdamW)   {gib(self.optimizer)}",
+        f"  reference policy          {gib(self.reference)}",
+        f"  update: batch, gradients, activations {gib(self.update_activations)}",
+        f"  sampler KV cache          {gib(self.kv_cache)}",
+        f"  sampler, other than cache {gib(max(self.prefill.peak, self.decode.peak) - self.params - self.kv_cache)}",
+        f"  eval KV cache             {gib(self.eval_kv_cache)}",
+    ]
+    lines += [f"  peak of {name:<17} {gib(b)}" for name, b in self.phases.items()]
+    lines.append(f"  peak                      {gib(self.peak)}")
+    for size in device_memory:
+      verdict = "fits" if self.peak <= USABLE_FRACTION * size else "does NOT fit"
+      lines.append(f"  on a {size / 1e9:g} GB device: {verdict} ({self.peak / size:.0%} of it)")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateBytes:
+  """Per-device bytes of what a run holds throughout."""
+  params: int      # the policy's parameters
+  optimizer: int   # AdamW's two moments (in the parameters' dtype) and its step counters
+  reference: int   # the frozen reference policy, a copy of the parameters
+
+
+def resolve(config: Any, devices: Sequence[jax.Device] | None = None,
+            vocab_size: int | None = None) -> tuple[model.LlamaConfig, jax.sharding.Mesh]:
+  """The model config and mesh a trainer run of `config` would have; ConfigError if invalid."""
+  trainer_config.validate(config)
+  mesh = sharding.make_mesh(tuple(config.mesh), devices)
+  cfg = model_config(config, vocab_size or vocab_size_of(config))
+  sharding.check_divisible(cfg, mesh)
+  return cfg, mesh
+
+
+def state_bytes(config: Any, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> StateBytes:
+  """Parameters, optimizer state and reference per device, exactly, from shapes and shardings."""
+  graphdef, params = abstract_params(cfg, mesh)
+  state = make_updater(config, graphdef, mesh).abstract_state(params)
+  return StateBytes(params=device_bytes(params), optimizer=device_bytes(state.opt_state),
+                    reference=device_bytes(params))
+
+
+def plan(config: Any, *, devices: Sequence[jax.Device] | None = None,
+         prompt_len: int | None = None, vocab_size: int | None = None) -> MemoryPlan:
+  """The memory plan of `config` on `devices` (default: all), without allocating the model.
+
+  Args:
+    config: a trainer config (`ksjax.trainer.defaults.base_config()` and its overrides).
+    devices: the devices of the mesh `config.mesh` (fake CPU devices plan for hardware one
+      does not have).
+    prompt_len: the longest prompt, in tokens; default `prompt_len_of(config)`.
+    vocab_size: the tokenizer's vocabulary; default: as the trainer would find it.
+
+  Raises:
+    ConfigError if the config is invalid, or the mesh cannot divide the model or the batch.
+  """
+  prompt_len = prompt_len_of(config) if prompt_len is None else prompt_len
+  if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+    raise ConfigError(f"prompt_len={prompt_len!r} is not accepted; expected an integer >= 1")
+  cfg, mesh = resolve(config, devices, vocab_size)
+  shapes = plan_shapes(config, mesh, prompt_len)
+  held = state_bytes(config, cfg, mesh)
+  update = _by_depth(lambda c: compile_update(config, c, mesh, shapes), cfg)
+  @functools.cache  # evaluation often samples the training shapes: compile those once
+  def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
+    return _by_depth(lambda c: compile_sampler(c, mesh, prompts=prompts, samples=samples,
+                                               prompt_len=shapes.prompt_len,
+                                               max_new_tokens=new), cfg)
+
+  prefill, decode = sampler(shapes.sample_prompts, shapes.samples, shapes.max_new_tokens)
+  eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
+                                      shapes.eval_max_new_tokens)
+  cache_len = lambda new: shapes.prompt_len + new - 1  # the sampler's S
+  return MemoryPlan(
+      model=cfg, mesh=dict(mesh.shape), platform=mesh.devices.flat[0].platform, shapes=shapes,
+      params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
+      kv_cache=kv_cache_bytes(cfg, mesh, shapes.sample_prompts * shapes.samples,
+                              cache_len(shapes.max_new_tokens)),
+      prefill=prefill, decode=decode,
+      eval_kv_cache=kv_cache_bytes(cfg, mesh, shapes.eval_prompts * shapes.eval_samples,
+                                   cache_len(shapes.eval_max_new_tokens)),
+      eval_prefill=eval_prefill, eval_decode=eval_decode,
+      extrapolated=cfg.num_layers > EXACT_DEPTH)
+
+
+# ---------------------------------------------------------------------------------------------
+# The start-up check
+# ---------------------------------------------------------------------------------------------
+
+def device_memory_bytes(device: jax.Device | None = None) -> int | None:
+  """The memory the runtime lets one device use, or None where it does not say (CPU)."""
+  device = device or jax.local_devices()[0]
+  try:
+    stats = device.memory_stats()
+  except (NotImplementedError, jax.errors.JaxRuntimeError):
+    return None
+  return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
+  """What to change so that the plan fits, most effective first, each with the bytes it saves."""
+  p, s = memory_plan, memory_plan.shapes
+  budget = USABLE_FRACTION * device_memory
+  over = p.peak - budget
+  out = []
+  mesh = p.mesh
+  devices = math.prod(mesh.values())
+  state = p.params + p.optimizer + p.reference
+  if mesh["fsdp"] < devices:
+    share = mesh["fsdp"] / devices
+    out.append(f"more fsdp: config.mesh=(1, {devices // mesh['tensor']}, {mesh['tensor']}) "
+               f"shards parameters, optimizer state and reference over all devices (saves "
+               f"{state * (1 - share * mesh['tensor']) / GIB:.1f} GiB of the {state / GIB:.1f} "
+               "GiB they take)")
+  if p.model.param_dtype == "float32":
+    out.append(f"bfloat16: config.model.dtype='bfloat16' halves parameters, optimizer state, "
+               f"reference and activations (saves about {p.peak / 2 / GIB:.1f} GiB)")
+  phase = max(p.phases, key=p.phases.get)
+  if phase == "update":
+    per_row = p.update_activations / s.micro_batch
+    if s.micro_batch > 1:
+      smaller = max(1, s.micro_batch // 2)
+      out.append(f"smaller micro-batch: config.micro_batch_size={smaller} (now {s.micro_batch}; "
+                 f"the update's batch and activations take {p.update_activations / GIB:.1f} "
+                 f"GiB, about {per_row / GIB:.2f} GiB per row)")
+    if not p.model.remat:
+      out.append("config.model.remat=True: keep one decoder block's activations, not all of them")
+  if phase in ("sampling", "eval"):
+    cache = p.kv_cache if phase == "sampling" else p.eval_kv_cache
+    field = "batch_prompts" if phase == "sampling" else "eval.batch_prompts"
+    out.append(f"fewer prompts per sampler call: config.{field} (the {phase} KV cache takes "
+               f"{cache / GIB:.1f} GiB)")
+  out.append(f"shorter context: config.max_new_tokens (now {s.max_new_tokens}) or shorter "
+             f"prompts (planned for {s.prompt_len} tokens)")
+  if over > state:
+    out.append(f"more devices: the state alone needs {state / GIB:.1f} GiB per device on "
+               f"{devices}")
+  return out
+
+
+def check(memory_plan: MemoryPlan, device_memory: int | None = None) -> MemoryPlan:
+  """Returns the plan if it fits in USABLE_FRACTION of `device_memory` (default: what the
+  runtime reports; unchecked when neither is known, as on CPU); else raises ConfigError saying
+  what to change."""
+  if device_memory is None:
+    device_memory = device_memory_bytes()
+  if device_memory is None or memory_plan.peak <= USABLE_FRACTION * device_memory:
+    return memory_plan
+  phase = max(memory_plan.phases, key=memory_plan.phases.get)
+  raise ConfigError(
+      f"config does not fit: it needs {memory_plan.peak / GIB:.1f} GiB per device at its "
+      f"{phase} peak, and a device has {device_memory / GIB:.1f} GiB ({USABLE_FRACTION:.0%} "
+      "usable); change one of: " + "; ".join(advice(memory_plan, device_memory)))
+
+
+def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> MemoryPlan:
+  """Plans `config` and raises ConfigError, saying what to change, if it cannot fit.
+
+  Args:
+    config: the trainer config.
+    device_memory: bytes one device has; default: what the runtime reports. When neither is
+      known (CPU), the plan is returned unchecked.
+    **plan_args: passed to `plan` (devices, prompt_len, vocab_size).
+
+  Returns:
+    The plan, when it fits in USABLE_FRACTION of `device_memory`.
+  """
+  return check(plan(config, **plan_args), device_memory)
+
+
+__all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "check", "check_fits",
+           "device_bytes", "device_memory_bytes", "kv_cache_bytes", "model_config", "plan",
+           "prompt_len_of", "resolve", "state_bytes", "vocab_size_of"]

@@ -1,0 +1,75 @@
+"""Prints the per-device memory plan of a trainer config, without allocating the model.
+
+  python -m ksjax.tools.plan --config=configs/pass_at_k.py \
+      --config.model.preset=llama3.1-70b --config.model.dtype=bfloat16 \
+      --config.mesh='(1,-1,1)' --fake_devices=256 --prompt_len=512 --memory_gb=80,95
+
+`--fake_devices=N` plans on N CPU devices (hardware you do not have); without it the plan uses the
+devices of this machine, so on a TPU VM or GPU host it reports that backend's compiled programs.
+`--memory_gb` lists device sizes to judge the plan against; `--json_out` writes the numbers. A
+bad config prints one line naming the field and exits with status 2. See `ksjax.planning`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from ksjax import planning
+from ksjax.config_validation import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to a trainer config file (configs/*.py).", lock_config=True)
+_FAKE_DEVICES = flags.DEFINE_integer(
+    "fake_devices", None, "Plan on this many fake CPU devices instead of this machine's.",
+    lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer(
+    "prompt_len", None, "Longest prompt in tokens; default: the task's (synthetic) or "
+    f"{planning.DEFAULT_PROMPT_LEN}.", lower_bound=1)
+_MEMORY_GB = flags.DEFINE_list(
+    "memory_gb", ["16", "32", "80", "95"], "Device memory sizes (GB, 1e9 bytes) to judge against.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the plan as JSON to this file.")
+
+
+def plan_json(memory_plan: planning.MemoryPlan) -> dict:
+  out = dataclasses.asdict(memory_plan)
+  out["model"] = dataclasses.asdict(memory_plan.model) | {
+      "num_params": memory_plan.model.num_params}
+  out.update(phases=memory_plan.phases, peak=memory_plan.peak,
+             update_activations=memory_plan.update_activations)
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _CONFIG.value is None:
+    print("plan: --config is required (e.g. --config=configs/pass_at_k.py)", file=sys.stderr)
+    sys.exit(2)
+  try:
+    memory = [float(x) * 1e9 for x in _MEMORY_GB.value]
+  except ValueError:
+    print(f"plan: --memory_gb={','.join(_MEMORY_GB.value)} is not accepted; expected numbers",
+          file=sys.stderr)
+    sys.exit(2)
+  if _FAKE_DEVICES.value:  # before anything asks jax for its devices
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
+  try:
+    memory_plan = planning.plan(_CONFIG.value, prompt_len=_PROMPT_LEN.value)
+  except ConfigError as e:
+    print(f"plan: bad config: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(memory_plan.table(memory))
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "w", encoding="utf-8") as f:
+      json.dump(plan_json(memory_plan), f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,161 @@
+"""The memory plan: exact bytes against hand counts, the compiled phases, and the start-up check.
+
+Hand counts use the tiny preset's dimensions written out here (vocab 100, width 64, 2 layers,
+4 query heads and 2 kv heads of 16, MLP 128, tied embedding), not the code's own parameter count.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from ksjax import planning
+from ksjax.config_validation import ConfigError
+from ksjax.trainer import defaults
+
+VOCAB = 100
+# Tiny preset, by hand: per layer q, k, v, o, gate/up/down, two norm scales; then the tied
+# embedding and the final norm.
+PER_LAYER = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 128 + 2 * 64
+TINY_PARAMS = 2 * PER_LAYER + VOCAB * 64 + 64
+F32 = 4
+
+
+def small_config(mesh=(8, 1, 1), **fields):
+  """The default (tiny, CPU) trainer config at sizes that compile in seconds."""
+  c = defaults.base_config()
+  c.mesh = mesh
+  c.batch_prompts = 4
+  c.k = 2
+  c.max_new_tokens = 8
+  c.eval.batch_prompts = 4  # the training sampler's shapes: compiled once
+  c.eval.num_samples = 2
+  c.eval.ks = (1, 2)
+  for name, value in fields.items():
+    c[name] = value
+  return c
+
+
+def test_parameters_and_optimizer_state_are_the_hand_counted_bytes():
+  config = small_config()
+  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
+  held = planning.state_bytes(config, cfg, mesh)
+  assert held.params == TINY_PARAMS * F32 == 321792
+  assert held.reference == held.params
+  # AdamW: two float32 moments per parameter, and two int32 step counters (Adam's and the
+  # learning-rate schedule's), replicated.
+  assert held.optimizer == 2 * TINY_PARAMS * F32 + 2 * 4
+
+
+def test_fsdp_divides_the_state_by_its_size():
+  replicated = small_config(mesh=(8, 1, 1))
+  sharded = small_config(mesh=(1, 8, 1))
+  a = planning.state_bytes(replicated, *planning.resolve(replicated, vocab_size=VOCAB))
+  b = planning.state_bytes(sharded, *planning.resolve(sharded, vocab_size=VOCAB))
+  # Every tiny parameter has a width-64 axis, which fsdp splits; the counters stay whole.
+  assert b.params * 8 == a.params
+  assert (b.optimizer - 8) * 8 == a.optimizer - 8
+
+
+def test_kv_cache_is_the_hand_counted_bytes_per_device():
+  config = small_config(mesh=(2, 2, 2))
+  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
+  # keys and values x 2 layers x 8 rows x (16 prompt + 8 new - 1) slots x 2 kv heads x 16,
+  # float32; rows over data x fsdp = 4 devices, kv heads over tensor = 2.
+  expected = 2 * 2 * 8 * (16 + 8 - 1) * 2 * 16 * F32 // (4 * 2)
+  assert planning.kv_cache_bytes(cfg, mesh, rows=8, cache_len=16 + 8 - 1) == expected
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+  return planning.plan(small_config(), prompt_len=10, vocab_size=VOCAB)
+
+
+def test_plan_reports_the_exact_parts_and_compiled_phases(tiny_plan):
+  p = tiny_plan
+  assert (p.params, p.reference) == (TINY_PARAMS * F32, TINY_PARAMS * F32)
+  # The sampler's buckets: 4 prompts x 2 samples = 8 rows, prompt length 10 -> 16 slots.
+  assert (p.shapes.sample_prompts, p.shapes.samples, p.shapes.prompt_len) == (4, 2, 16)
+  assert p.kv_cache == 2 * 2 * 8 * (16 + 8 - 1) * 2 * 16 * F32 // 8
+  # The compiled update receives the TrainState (parameters, optimizer, step, skipped-step
+  # count, key) and the batch: 8 rows of 24 tokens, int32 tokens, bool mask, three float32
+  # per-token arrays and a float32 advantage per row, split over 8 devices.
+  scalars = 4 + 4 + 8
+  batch = (8 * 24 * (4 + 1 + 4 + 4) + 8 * 4) // 8
+  assert p.update.arguments == p.params + p.optimizer + scalars + batch
+  assert p.update.aliased == p.params + p.optimizer + scalars  # the state is donated
+  assert p.update.temps > 0 and p.decode.temps > 0
+  assert p.phases["update"] == p.reference + p.update.peak
+  assert p.peak == max(p.phases.values())
+  assert "peak" in p.table([16e9]) and "fits" in p.table([16e9])
+
+
+def test_check_fits_refuses_a_config_too_large_and_says_what_to_change(tiny_plan, monkeypatch):
+  monkeypatch.setattr(planning, "plan", lambda config, **kw: tiny_plan)  # compiled already
+  with pytest.raises(ConfigError) as e:
+    planning.check_fits(small_config(), device_memory=10**6, prompt_len=10, vocab_size=VOCAB)
+  message = str(e.value)
+  assert message.startswith(f"config does not fit: it needs {tiny_plan.peak / 2**30:.1f} GiB "
+                            "per device")
+  assert "config.mesh=(1, 8, 1)" in message  # more fsdp
+  assert "config.model.dtype='bfloat16'" in message
+  assert "micro_batch_size" in message or "batch_prompts" in message
+  assert "max_new_tokens" in message  # shorter context
+  assert planning.check(tiny_plan, device_memory=64 * 2**30) is tiny_plan
+
+
+def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
+  f32 = small_config()
+  bf16 = small_config()
+  bf16.model.dtype = "bfloat16"
+  a = planning.state_bytes(f32, *planning.resolve(f32, vocab_size=VOCAB))
+  b = planning.state_bytes(bf16, *planning.resolve(bf16, vocab_size=VOCAB))
+  assert 2 * b.params == a.params
+
+
+def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives(monkeypatch):
+  config = small_config()
+  config.model.num_layers = 6
+  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
+  shapes = planning.plan_shapes(config, mesh, prompt_len=10)
+  compile_update = lambda c: planning.compile_update(config, c, mesh, shapes)
+  extrapolated = planning._by_depth(compile_update, cfg)  # pylint: disable=protected-access
+  exact = compile_update(cfg)
+  assert planning.PROBE_DEPTHS == (2, 4)  # what was compiled above, besides the 6 layers
+  assert extrapolated.arguments == exact.arguments
+  assert abs(extrapolated.temps - exact.temps) <= 0.01 * exact.temps
+
+
+def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
+  with pytest.raises(ConfigError, match="tensor"):
+    planning.resolve(small_config(mesh=(1, 1, 8)), vocab_size=VOCAB)  # 2 kv heads
+  with pytest.raises(ConfigError, match="prompt_len"):
+    planning.plan(small_config(), prompt_len=0, vocab_size=VOCAB)
+
+
+def test_the_command_line_tool_plans_on_fake_devices_and_refuses_bad_configs(tmp_path):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  config = os.path.join(root, "configs", "pass_at_k.py")
+  small = ["--config.batch_prompts=4", "--config.k=2", "--config.max_new_tokens=8",
+           "--config.eval.batch_prompts=4", "--config.eval.num_samples=2",
+           "--config.eval.ks=(1,2)", "--prompt_len=10"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = tmp_path / "plan.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}", "--fake_devices=4",
+       "--config.mesh=(1,4,1)", f"--json_out={out}", *small],
+      capture_output=True, text=True, cwd=root, env=env, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert "data=1 x fsdp=4 x tensor=1 (4 cpu devices" in done.stdout
+  assert out.exists()
+  bad = subprocess.run(
+      [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}", *small, "--config.k=0"],
+      capture_output=True, text=True, cwd=root, env=env, timeout=120, check=False)
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1].startswith("plan: bad config: config.k=0")
+
+
+def test_device_memory_is_unknown_on_cpu():
+  assert jax.devices()[0].platform != "cpu" or planning.device_memory_bytes() is None
