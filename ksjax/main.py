@@ -22,6 +22,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 # Imported lazily so that a bandit run does not import the language-model stack.
 RUNNERS = {
     "bandit": "ksjax.bandit:run",
+    # The language-model trainer (ksjax.tasks.registry.TASKS).
+    **{task: "ksjax.trainer:run" for task in ("synthetic", "math", "math500", "harp",
+                                               "code_contests", "taco")},
 }
 
 

@@ -1,0 +1,11 @@
+"""Biased majority voting: leave-one-out advantages minus their mean (the paper's eq. 3)."""
+
+from ksjax.trainer import defaults
+
+
+def get_config():
+  config = defaults.base_config()
+  config.workdir = "runs/biased_majority_vote"
+  config.aggregator = "majority_vote"
+  config.baseline = "loo_demeaned"
+  return config

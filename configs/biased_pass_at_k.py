@@ -1,0 +1,14 @@
+"""Biased pass@k: the leave-one-out advantages minus their mean (the paper's eq. 3).
+
+Targets E[((k-1)/k) r_(k) + (1/k) r_(k-1)]; lower variance, denser signal than configs/pass_at_k.py.
+"""
+
+from ksjax.trainer import defaults
+
+
+def get_config():
+  config = defaults.base_config()
+  config.workdir = "runs/biased_pass_at_k"
+  config.aggregator = "pass_at_k"
+  config.baseline = "loo_demeaned"
+  return config

@@ -1,0 +1,18 @@
+"""pass@k policy gradient, unbiased leave-one-out estimator (the paper's eq. 2): the default run.
+
+Run: python -m ksjax.main --config=configs/pass_at_k.py [--config.field=value ...]
+
+The embedded synthetic task and a tiny Llama on CPU: a supervised warm-up on reference
+solutions, pass@k training, and a held-out evaluation at the warmed-up start and at the end.
+Every field and its default: ksjax/trainer/defaults.py.
+"""
+
+from ksjax.trainer import defaults
+
+
+def get_config():
+  config = defaults.base_config()
+  config.workdir = "runs/pass_at_k"
+  config.aggregator = "pass_at_k"
+  config.baseline = "loo"
+  return config

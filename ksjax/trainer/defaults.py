@@ -1,0 +1,181 @@
+"""The trainer's base config: every field, its default and what it means.
+
+Every `configs/*.py` of the language-model trainer starts from `base_config()` and changes only
+what makes it that experiment, so a field is defined (and documented) once. The defaults are the
+CPU run of `configs/pass_at_k.py`: the embedded synthetic task, a tiny Llama, a supervised
+warm-up, then pass@k policy gradient with the leave-one-out estimator.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def _nullable(value: float) -> config_dict.FieldReference:
+  """A float field that may also be set to None (from the command line too)."""
+  return config_dict.FieldReference(value, field_type=float)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = "synthetic"  # which task trains; see ksjax.trainer.tasks
+  c.workdir = "runs/pass_at_k"
+  c.seed = 0
+  c.resume = False  # continue the run in workdir from its newest readable checkpoint
+
+  # --- the task (ksjax.tasks.registry) -------------------------------------------------------
+  c.correct_reward = 1.0
+  c.wrong_reward = -1.0
+  c.reward_workers = 2  # processes checking answers or running programs (math and code tasks)
+  c.synthetic = ml_collections.ConfigDict()  # the embedded task (ksjax.tasks.synthetic)
+  c.synthetic.seed = 0  # fixes the train and test problems (independent of the run's seed)
+  c.synthetic.levels = (1, 2, 3, 4, 5)
+  c.synthetic.train_per_level = 800
+  c.synthetic.test_per_level = 60
+  c.synthetic.num_solutions = 4  # reference solutions (routes) per problem for the warm-up
+  c.data = ml_collections.ConfigDict()  # dataset tasks: built by `python -m ksjax.tasks.data`
+  c.data.data_dir = config_dict.placeholder(str)
+  c.data.train_split = "train"
+  c.tokenizer = ml_collections.ConfigDict()  # dataset tasks: the model's tokenizer
+  c.tokenizer.path = config_dict.placeholder(str)  # tokenizer.json or its directory; None: init_hf
+  c.tokenizer.bos = "<|begin_of_text|>"
+  c.tokenizer.eos = ("<|eot_id|>", "<|end_of_text|>")
+  c.tokenizer.pad = config_dict.placeholder(str)  # None: the first eos token
+
+  # --- the model ------------------------------------------------------------------------------
+  c.init_hf = config_dict.placeholder(str)  # a Hugging Face Llama directory to start from
+  c.init_checkpoint = config_dict.placeholder(str)  # or a ksjax.model Orbax checkpoint
+  c.model = ml_collections.ConfigDict()  # a fresh model (neither of the above): preset + changes
+  c.model.preset = "tiny"
+  c.model.hidden_size = config_dict.placeholder(int)
+  c.model.num_layers = config_dict.placeholder(int)
+  c.model.num_heads = config_dict.placeholder(int)
+  c.model.num_kv_heads = config_dict.placeholder(int)
+  c.model.head_dim = config_dict.placeholder(int)
+  c.model.intermediate_size = config_dict.placeholder(int)
+  c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
+  c.model.remat = False  # rematerialise decoder blocks in the backward pass
+  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor) device counts; -1: the remaining devices
+
+  # --- sampling (Algorithm 1, step ii) --------------------------------------------------------
+  c.batch_prompts = 16  # B prompts per step
+  c.n = config_dict.placeholder(int)  # completions per prompt; None: n = k
+  c.max_new_tokens = 64
+  c.temperature = 1.0
+  c.top_p = 1.0
+  c.top_k = 0
+
+  # --- the k-sample objective and its estimator (same names as configs/bandit.py) -------------
+  c.aggregator = "pass_at_k"  # mean | pass_at_k | majority_vote | softmax
+  c.baseline = "loo"  # none | loo | loo_demeaned | leave_p_out
+  c.k = 4
+  c.p = 1  # leave_p_out only
+  c.beta = 1.0  # softmax only
+  c.scale = "none"  # none | group_std
+
+  # --- the policy-gradient stack --------------------------------------------------------------
+  c.algorithm = "pg"  # pg | ppo | grpo | dr_grpo
+  c.loss_aggregation = "token_sum"  # token_sum | seq_mean_token_mean | token_mean
+  c.loss_constant = config_dict.placeholder(float)  # C of token_sum; None: max_new_tokens
+  c.ppo_epochs = 1  # passes over each batch of completions
+  c.num_minibatches = 1  # optimizer steps per pass
+  c.clip_eps = 0.2
+  c.value_clip = 0.2  # alpha of the clipped value loss (ppo)
+  c.value_coef = 0.5  # weight of the value loss (ppo)
+  c.is_cap = config_dict.placeholder(float)  # truncated importance weight cap; None: no correction
+  c.kl_coef = 0.0  # KL penalty to the reference (start) policy; 0: logged only
+  c.kl_estimator = "k3"  # k1 | k3, the estimator the penalty uses (both are logged)
+  c.sparse_updates = True  # drop zero-advantage completions from the backward pass when allowed
+
+  # --- the optimizer --------------------------------------------------------------------------
+  c.learning_rate = 1e-3
+  c.lr_warmup_steps = 5
+  c.weight_decay = 0.0
+  c.max_grad_norm = _nullable(1.0)  # global-norm clipping; None: none
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.999
+  c.adam_eps = 1e-8
+  c.micro_batch_size = config_dict.placeholder(int)  # rows per gradient micro-batch; None: all
+
+  # --- the run --------------------------------------------------------------------------------
+  c.num_steps = 100
+  c.log_every = 1
+  c.checkpoint_every = 25
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
+  c.progress_bar = True
+
+  # --- supervised warm-up on reference solutions, before RL -----------------------------------
+  c.sft_warmup = ml_collections.ConfigDict()
+  c.sft_warmup.steps = 0  # 0: no warm-up
+  c.sft_warmup.batch_size = 64
+  c.sft_warmup.learning_rate = 3e-3
+  c.sft_warmup.lr_warmup_steps = 20
+  c.sft_warmup.weight_decay = 0.0
+
+  # --- held-out evaluation at the (warmed-up) start and at the end ----------------------------
+  c.eval = ml_collections.ConfigDict()
+  c.eval.at_start = True
+  c.eval.at_end = True
+  c.eval.split = "test"
+  c.eval.num_prompts = config_dict.placeholder(int)  # None: the whole split
+  c.eval.num_samples = 16  # n per prompt for the unbiased pass@k / maj@k estimates
+  c.eval.ks = (1, 4, 8, 16)
+  c.eval.temperature = 1.0
+  c.eval.top_p = 1.0
+  c.eval.top_k = 0
+  c.eval.max_new_tokens = config_dict.placeholder(int)  # None: max_new_tokens
+  c.eval.batch_prompts = 64  # prompts per sampler call
+  return c
+
+
+def accelerator_config(*, task: str, preset: str, k: int, mesh: tuple[int, int, int],
+                       max_new_tokens: int, eval_top_p: float) -> ml_collections.ConfigDict:
+  """The paper's full-size settings (appendix A) on top of the base config.
+
+  From the paper: B = 64 prompts per update, k samples per prompt, temperature 1 and top-p 1 when
+  training; learning rate 2e-7, constant after 50 warm-up steps, weight decay 0.1 (given for the
+  CodeContests runs; the paper applies identical hyper-parameters throughout); pass@k from 20
+  samples; the last checkpoints 200 steps apart. Not from the paper, chosen here: the mesh, the
+  micro-batch size (a multiple of data x fsdp; lower it if activations do not fit), gradient
+  clipping at 1.0, bfloat16 with rematerialisation, the generation budget.
+  """
+  c = base_config()
+  c.task = task
+  c.workdir = f"runs/{task}_{preset}"
+  c.model.preset = preset  # names the size; the weights (and shapes) come from init_hf
+  c.model.dtype = "bfloat16"
+  c.model.remat = True
+  c.mesh = mesh
+  c.batch_prompts = 64
+  c.k = k
+  c.n = k
+  c.max_new_tokens = max_new_tokens
+  c.temperature = 1.0
+  c.top_p = 1.0
+  c.learning_rate = 2e-7
+  c.lr_warmup_steps = 50
+  c.weight_decay = 0.1
+  c.max_grad_norm = 1.0
+  c.micro_batch_size = 32
+  c.num_steps = 8000
+  c.checkpoint_every = 200
+  c.keep_checkpoints = 5
+  c.progress_bar = True
+  c.eval.num_samples = 20
+  c.eval.ks = (1, 4, 8)
+  c.eval.top_p = eval_top_p
+  c.eval.batch_prompts = 16
+  c.eval.num_prompts = 500
+  return c
+
+
+def code_contests_config(preset: str, tensor: int) -> ml_collections.ConfigDict:
+  """The paper's CodeContests runs (pass@8, unbiased leave-one-out) for a Llama 3.1 size."""
+  c = accelerator_config(task="code_contests", preset=preset, k=8, mesh=(1, -1, tensor),
+                         max_new_tokens=2048, eval_top_p=0.95)
+  c.aggregator = "pass_at_k"
+  c.baseline = "loo"
+  c.batch_prompts = 32  # 256 completions per step (the paper does not give B for code)
+  return c

@@ -1,0 +1,172 @@
+"""Algorithm 1, step (iii): turn one rollout and its k-sample advantages into optimizer steps.
+
+The completions of a step are used `ppo_epochs` times, split each time (in a fresh random order
+when there is more than one mini-batch or epoch) into `num_minibatches` mini-batches, one
+optimizer step each. Token weights (`losses.token_weights`) are fixed per mini-batch before any
+row is dropped, so the sparse path (`ksjax.trainer.sparse`) updates exactly as the dense one.
+
+Log-probabilities of three policies meet here:
+  * mu, the sampler's (`Rollout.behaviour_logp_rt`), the policy the completions came from;
+  * pi_old, the learner's at the start of the step (clipped stacks only): one forward pass over
+    the rows an update will use, before the first optimizer step;
+  * pi_theta, the learner's now, inside the loss.
+Plain PG weights each token by min(pi_theta / mu, is_cap) when is_cap is set, which is 1
+on-policy and corrects the lag of later mini-batches and epochs; the clipped stacks take the
+ratio pi_theta / pi_old and weight by min(pi_old / mu, is_cap), the sampler-learner mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+from ksjax.trainer import losses, sparse
+from ksjax.trainer.rollout import Rollout
+from ksjax.trainer.update import CLIPPED, TrainState, Updater
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+  """How the completions of a step become optimizer steps."""
+  algorithm: str
+  aggregation: str
+  loss_constant: float
+  ppo_epochs: int
+  num_minibatches: int
+  micro_batch_size: int
+  sparse: bool            # drop zero-advantage rows (only when no loss term needs them)
+  batch_shards: int       # rows of every micro-batch split over this many devices
+
+
+def micro_batches(arrays: Mapping[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
+  """[rows, ...] -> [rows / micro, micro, ...] (rows must be a multiple of micro)."""
+  return {k: v.reshape(v.shape[0] // micro, micro, *v.shape[1:]) for k, v in arrays.items()}
+
+
+def _padded_rows(rows: np.ndarray, micro: int) -> tuple[np.ndarray, np.ndarray]:
+  """Pads a row selection to a multiple of `micro` with copies of row 0 marked as padding."""
+  extra = -len(rows) % micro
+  padding = np.concatenate([np.zeros(len(rows), bool), np.ones(extra, bool)])
+  return np.concatenate([rows, np.full(extra, rows[0] if len(rows) else 0)]), padding
+
+
+def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, micro: int, *,
+                 values: bool = False) -> dict[str, np.ndarray]:
+  """Learner log-probs (and V(x)) of the given rows, forward only, as host arrays [len(rows), T]."""
+  padded, _ = _padded_rows(rows, micro)
+  batch = micro_batches({"tokens": rollout.tokens_rt[padded],
+                         "attention_mask": rollout.attention_mask_rt[padded]}, micro)
+  out = updater.forward(params, updater.place(batch), values=values,
+                        prompt_len=rollout.prompt_len)
+  out = jax.device_get(out)
+  return {k: np.asarray(v).reshape(len(padded), *v.shape[2:])[:len(rows)] for k, v in out.items()}
+
+
+def _micro_size(rows: int, micro: int, shards: int) -> int:
+  """Micro-batch rows for a bucket of `rows`: the configured size, or the whole bucket if smaller."""
+  size = min(rows, micro)
+  return -(-size // shards) * shards
+
+
+def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np.ndarray,
+          cfg: LearnConfig, key: jax.Array,
+          ref_logp_rt: np.ndarray | None = None) -> tuple[TrainState, dict[str, float]]:
+  """All optimizer steps of one rollout. Returns the new state and the step's update metrics.
+
+  Args:
+    advantage_r: float32 [R], the k-sample weights (for ppo the return R_i; the loss subtracts
+      V_old(x)).
+    key: raw uint32 key data, the randomness of the mini-batch order.
+    ref_logp_rt: the reference policy's log-probs [R, T]; needed when the loss has a KL penalty.
+  """
+  num_rows = len(advantage_r)
+  use_sparse = cfg.sparse and not sparse.needs_every_row(cfg.algorithm,
+                                                         updater.loss_cfg.kl_coef)
+  clipped = cfg.algorithm in CLIPPED
+  # Rows an update can use: every row, or in the sparse path those with a non-zero advantage.
+  needed = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
+  old = {}
+  if clipped and len(needed):
+    old = forward_rows(updater, state.params, rollout, needed, cfg.micro_batch_size,
+                       values=cfg.algorithm == "ppo")
+  old_logp_rt = np.zeros(rollout.tokens_rt.shape, np.float32)
+  old_value_r = np.zeros(num_rows, np.float32)
+  if "logp" in old:
+    old_logp_rt[needed] = old["logp"]
+  if "value" in old:
+    old_value_r[needed] = old["value"]
+
+  rng = np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
+  shuffle = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1
+  totals: dict[str, float] = {}
+  kept_rows = 0
+  optimizer_steps = 0
+  for _ in range(cfg.ppo_epochs):
+    order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
+    for minibatch in np.split(order, cfg.num_minibatches):
+      completion_rt = rollout.completion_mask_rt[minibatch]
+      token_weight_rt = np.asarray(losses.token_weights(completion_rt, cfg.aggregation,
+                                                        constant=cfg.loss_constant))
+      value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
+      if use_sparse:
+        selection = sparse.select_rows(advantage_r[minibatch], cfg.batch_shards)
+        local, padding = selection.rows, selection.padding
+        kept_rows += selection.kept
+      else:
+        local, padding = np.arange(len(minibatch)), np.zeros(len(minibatch), bool)
+        kept_rows += len(minibatch)
+      micro = _micro_size(len(local), cfg.micro_batch_size, cfg.batch_shards)
+      local, extra = _padded_rows(local, micro)
+      padding = np.concatenate([padding, extra[len(padding):]])  # the rows _padded_rows added
+      rows = minibatch[local]
+      arrays = {
+          "tokens": rollout.tokens_rt[rows],
+          "attention_mask": rollout.attention_mask_rt[rows],
+          "token_weight": np.where(padding[:, None], 0.0, token_weight_rt[local]).astype(np.float32),
+          "behaviour_logp": rollout.behaviour_logp_rt[rows],
+          "advantage": np.where(padding, 0.0, advantage_r[rows]).astype(np.float32),
+      }
+      if clipped:
+        arrays["old_logp"] = old_logp_rt[rows]
+      if cfg.algorithm == "ppo":
+        arrays["old_value"] = old_value_r[rows]
+        arrays["value_weight"] = np.where(padding, 0.0, value_weight_r[local]).astype(np.float32)
+      if updater.loss_cfg.kl_coef > 0:
+        arrays["ref_logp"] = ref_logp_rt[rows]
+      batch = updater.place(micro_batches(arrays, micro))
+      state, metrics = updater.step(state, batch, rollout.prompt_len)
+      for name, value in jax.device_get(metrics).items():
+        totals[name] = totals.get(name, 0.0) + float(value)
+      optimizer_steps += 1
+  return state, summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,
+                          use_sparse)
+
+
+def summarize(totals: Mapping[str, float], steps: int, kept_rows: int, rows: int,
+              use_sparse: bool) -> dict[str, float]:
+  """Per-step update metrics from the sums over optimizer steps."""
+  tokens = max(totals.get("tokens", 0.0), 1.0)
+  out = {
+      "loss/total": totals["loss"] / steps,
+      "loss/policy": totals["pg_loss"] / steps,
+      "optim/grad_norm": totals["grad_norm"] / steps,
+      "optim/skipped_steps": steps - totals["finite"],
+      "optim/steps": float(steps),
+      "update/rows_fraction": kept_rows / max(rows, 1),
+      "update/sparse": float(use_sparse),
+      "is/weight_mean": totals["is_weight_sum"] / tokens,
+      "is/log_ratio_abs_mean": totals["log_ratio_abs_sum"] / tokens,
+  }
+  if "clipped_tokens" in totals:
+    out["ppo/clip_fraction"] = totals["clipped_tokens"] / tokens
+  if "is_truncated_tokens" in totals:
+    out["is/truncated_fraction"] = totals["is_truncated_tokens"] / tokens
+  if "value_loss" in totals:
+    out["loss/value"] = totals["value_loss"] / steps
+    out["ppo/value_clip_fraction"] = totals["value_clipped"] / max(totals["value_rows"], 1.0)
+  if "kl_loss" in totals:
+    out["loss/kl_penalty"] = totals["kl_loss"] / steps
+  return out

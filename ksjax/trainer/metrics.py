@@ -1,0 +1,108 @@
+"""What a run shows: per-step scalars to TensorBoard and JSONL, and a console progress bar.
+
+`MetricsWriter` writes every step's scalars to `<workdir>/metrics.jsonl` (one JSON object per
+line, `{"step": s, "name": value, ...}`) and to TensorBoard event files in `<workdir>/tensorboard`
+(tensorboardX, no TensorFlow). On resume the JSONL is cut back to the restored step, so a run
+killed and resumed has each step once. Only JAX process 0 writes.
+
+`ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
+smoothed rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import tqdm
+from tensorboardX import SummaryWriter
+
+JSONL = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+
+
+def _is_writer() -> bool:
+  return jax.process_index() == 0
+
+
+class MetricsWriter:
+  """Scalars per step to JSONL and TensorBoard."""
+
+  def __init__(self, workdir: str, *, resume_step: int | None = None):
+    self.path = os.path.join(workdir, JSONL)
+    self._tb = None
+    if not _is_writer():
+      return
+    os.makedirs(workdir, exist_ok=True)
+    if resume_step is not None:
+      truncate_jsonl(self.path, resume_step)
+    elif os.path.exists(self.path):
+      os.remove(self.path)
+    self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD), flush_secs=30)
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if self._tb is None:
+      return
+    clean = {k: float(v) for k, v in scalars.items()}
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": step, **{k: _json_number(v) for k, v in clean.items()}}) + "\n")
+    for name, value in clean.items():
+      self._tb.add_scalar(name, value, step)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _json_number(x: float):
+  """JSON has no NaN/inf; they are written as strings so that the line stays valid JSON."""
+  return x if math.isfinite(x) else str(x)
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+  """Keeps the lines of `path` with step <= last_step (atomic rewrite)."""
+  if not os.path.exists(path):
+    return
+  kept = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        if json.loads(line)["step"] <= last_step:
+          kept.append(line if line.endswith("\n") else line + "\n")
+      except (ValueError, KeyError, TypeError):
+        continue  # a line cut off by a kill
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class ProgressBar:
+  """tqdm over the RL steps, showing the headline numbers of the last step."""
+
+  HEADLINE = (("reward", "reward/mean"), ("pass@k", "batch/pass_at_k"), ("kl", "kl/k3"),
+              ("nz_adv", "advantage/nonzero_fraction"), ("tok/s", "throughput/tokens_per_s"))
+
+  def __init__(self, total: int, initial: int, *, enabled: bool = True):
+    self._bar = tqdm.tqdm(total=total, initial=initial, desc="train", unit="step",
+                          disable=not (enabled and _is_writer()), dynamic_ncols=True,
+                          mininterval=1.0)
+
+  def update(self, scalars: Mapping[str, float]) -> None:
+    post = {}
+    for label, key in self.HEADLINE:
+      if key in scalars:
+        post[label] = f"{scalars[key]:.3g}"
+    self._bar.set_postfix(post, refresh=False)
+    self._bar.update(1)
+
+  def close(self) -> None:
+    self._bar.close()

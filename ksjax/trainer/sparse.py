@@ -1,0 +1,67 @@
+"""Sparse updates: leave zero-advantage completions out of the backward pass.
+
+With the pass@k leave-one-out estimator at most one completion per group has a non-zero weight
+(the unique best one, and only when it beats the second best), so with n = k = 8 at least 7/8 of
+the rows contribute exactly nothing to the policy-gradient loss. When no other loss term reads
+them (no value loss, no KL penalty; `needs_every_row`), those rows are dropped and the rest are
+gathered into a smaller batch. Because every loss is a sum over tokens with weights fixed from
+the whole batch (`losses.token_weights`), the update is the same as the dense one.
+
+Shapes stay bounded: the kept rows are padded to a bucket, a power of two times the number of
+batch shards, capped at the dense size, so a run compiles at most log2(rows) + 1 update programs.
+Padding rows have no tokens (weight 0) and contribute 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+def needs_every_row(algorithm: str, kl_coef: float) -> bool:
+  """Whether some loss term depends on rows whose advantage is 0: the value loss of PPO (its
+  target R_i - V(x) is trained on every completion) or a KL penalty."""
+  return algorithm == "ppo" or kl_coef > 0
+
+
+def bucket_rows(kept: int, total: int, multiple: int = 1) -> int:
+  """The padded row count for `kept` rows: the smallest multiple * 2^j >= kept, capped at `total`
+  (the dense size, which is itself compiled anyway). At least `multiple` (one row per shard)."""
+  if total % multiple:
+    raise ValueError(f"total={total} rows do not split over {multiple} batch shards")
+  size = multiple
+  while size < kept:
+    size *= 2
+  return min(size, total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """Which rows of a dense batch an update keeps and how they are padded.
+
+  Attributes:
+    rows: int64 [S] indices into the dense batch; the first `kept` are real, the rest repeat row 0
+      and are marked as padding.
+    kept: the number of real rows.
+    padding: bool [S], True on padding rows (their token weights must be zeroed).
+  """
+  rows: np.ndarray
+  kept: int
+  padding: np.ndarray
+
+
+def select_rows(advantage_r: np.ndarray, multiple: int = 1) -> Selection:
+  """The rows with a non-zero advantage, padded to `bucket_rows`; order preserved.
+
+  Zero means exactly 0.0: pass@k leave-one-out gives exact zeros (differences of equal rewards),
+  and a tiny non-zero weight is kept, as the dense update would use it.
+  """
+  advantage_r = np.asarray(advantage_r)
+  nonzero = np.flatnonzero(advantage_r != 0)
+  size = bucket_rows(len(nonzero), len(advantage_r), multiple)
+  if size == len(advantage_r):  # the dense shape: keep every row in order, nothing to pad
+    return Selection(np.arange(size), size, np.zeros(size, bool))
+  rows = np.concatenate([nonzero, np.zeros(size - len(nonzero), np.int64)])
+  padding = np.arange(size) >= len(nonzero)
+  return Selection(rows, len(nonzero), padding)

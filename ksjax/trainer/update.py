@@ -1,0 +1,281 @@
+"""The jitted update: loss, gradient accumulation over micro-batches, optimizer, non-finite skip.
+
+One call of `Updater.step` is one optimizer step on one mini-batch of completions, laid out as
+[M, m, T]: M micro-batches of m rows. The micro-batches are a `lax.scan` that sums gradients.
+Why a scan and not `optax.MultiSteps`: the losses are sums over tokens with weights normalised over
+the whole mini-batch (`losses.token_weights`), so the mini-batch gradient is exactly the *sum* of
+the micro-batch gradients; the scan computes it in one compiled call, with one host round trip per
+optimizer step, no gradient buffer inside the optimizer state (so checkpoints do not carry one),
+and the finiteness check sees the whole accumulated gradient before anything is applied.
+
+Non-finite steps. `optax.apply_if_finite` checks only the gradient and, after
+`max_consecutive_errors` bad steps, lets a non-finite update through; here a non-finite loss or
+gradient never reaches the parameters or the optimizer state: the step's new state is discarded
+(`jnp.where` on every leaf) and `TrainState.skipped` counts it.
+
+The value model (PPO) is the policy's own trunk with a scalar head (`LlamaConfig.value_head`),
+read at the prompt's last token: V(x) depends on the prompt only, as in the paper's appendix, so it
+is computed from the prompt columns alone (a forward over P of the T columns). A separate critic
+would double the parameters and the optimizer state (at 70B, another 70B model) and its forward;
+the shared trunk costs one d-vector. Its value-loss gradient reaches the trunk, scaled by
+`value_coef`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ksjax import model
+from ksjax.model import sharding
+from ksjax.trainer import losses
+
+ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
+CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """What the loss computes; static under jit (hashable).
+
+  Attributes:
+    algorithm: "pg" (plain policy gradient), "ppo" (clipped ratio + value model), "grpo" and
+      "dr_grpo" (clipped ratio, no value model; they differ by the advantage scale and the token
+      aggregation, which the batch's advantages and token weights carry).
+    clip_eps: PPO's epsilon.
+    value_clip: the alpha of the clipped value loss.
+    value_coef: weight of the value loss in the total loss (ppo).
+    is_cap: truncation C of the importance weight against the sampler's log-probs; None: off.
+    kl_coef: weight of the KL penalty to the reference policy (0: none).
+    kl_estimator: "k1" or "k3", the per-token estimator the penalty uses.
+    temperature: the sampling temperature; log-probs are taken at it so that they describe the
+      distribution the completions were drawn from.
+  """
+  algorithm: str = "pg"
+  clip_eps: float = 0.2
+  value_clip: float = 0.2
+  value_coef: float = 0.5
+  is_cap: float | None = None
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  temperature: float = 1.0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  """Everything an update changes, and the run's random key (checkpointed together)."""
+  params: nnx.State
+  opt_state: Any
+  step: jax.Array      # int32 [], optimizer steps taken (skipped ones included)
+  skipped: jax.Array   # int32 [], steps whose loss or gradient was not finite
+  rng: jax.Array       # key [], the run's random stream (sampling seeds, minibatch order)
+
+
+def make_optimizer(*, learning_rate: float, warmup_steps: int, weight_decay: float,
+                   max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+  """AdamW with a linear warm-up to a constant learning rate and global-norm clipping.
+
+  Weight decay applies to matrices only (not to norm scales or the value bias), as is usual.
+  """
+  schedule = (optax.warmup_constant_schedule(0.0, learning_rate, warmup_steps) if warmup_steps
+              else optax.constant_schedule(learning_rate))  # optax's warm-up of 0 steps stays at 0
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                      mask=decay_mask)
+  if max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+def prompt_values(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.Array,
+                  prompt_len: int) -> jax.Array:
+  """V(x) per row, float32 [R]: the value head at the last prompt column (prompts are left-padded
+  to `prompt_len`, so that column is every row's last prompt token)."""
+  hidden_rpd = llama.hidden(tokens_rt[:, :prompt_len], attention_mask=mask_rt[:, :prompt_len])
+  return llama.value(hidden_rpd[:, -1:])[:, 0]
+
+
+def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossConfig,
+                     prompt_len: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The weighted-sum loss of one micro-batch and metric sums (added up over micro-batches).
+
+  `mb` holds [m, T] arrays tokens, attention_mask, token_weight (c_rt: 0 outside completions and
+  on padding rows), behaviour_logp (the sampler's), and [m] advantage; per stack also old_logp
+  [m, T] (clipped stacks), ref_logp [m, T] (KL penalty), old_value [m] and value_weight [m] (ppo).
+  For ppo `advantage` holds the return R_i; the advantage is R_i - V_old(x).
+  """
+  logp_rt, _ = model.token_logprobs(llama, mb["tokens"], mb["attention_mask"], cfg.temperature)
+  weight_rt = mb["token_weight"]
+  on_rt = (weight_rt > 0).astype(jnp.float32)
+  metrics = {"tokens": on_rt.sum()}
+  if cfg.algorithm == "pg":
+    is_rt = losses.truncated_is_weight(logp_rt, mb["behaviour_logp"], cfg.is_cap)
+    loss_rt = losses.policy_gradient(logp_rt, mb["advantage"], is_rt)
+    ratio_rt = jnp.exp(jax.lax.stop_gradient(logp_rt) - mb["behaviour_logp"])
+  else:
+    is_rt = losses.truncated_is_weight(mb["old_logp"], mb["behaviour_logp"], cfg.is_cap)
+    advantage_r = mb["advantage"]
+    if cfg.algorithm == "ppo":
+      advantage_r = advantage_r - mb["old_value"]
+    loss_rt, clipped_rt = losses.clipped_surrogate(logp_rt, mb["old_logp"], advantage_r, is_rt,
+                                                   cfg.clip_eps)
+    metrics["clipped_tokens"] = (clipped_rt * on_rt).sum()
+    ratio_rt = jnp.exp(mb["old_logp"] - mb["behaviour_logp"])
+  pg_loss = (weight_rt * loss_rt).sum()
+  metrics["pg_loss"] = pg_loss
+  metrics["is_weight_sum"] = (is_rt * on_rt).sum()
+  if cfg.is_cap is not None:
+    metrics["is_truncated_tokens"] = ((ratio_rt > cfg.is_cap) * on_rt).sum()
+  metrics["log_ratio_abs_sum"] = (jnp.abs(jnp.log(ratio_rt)) * on_rt).sum()
+  loss = pg_loss
+  if cfg.algorithm == "ppo":
+    values_r = prompt_values(llama, mb["tokens"], mb["attention_mask"], prompt_len)
+    vloss_r, vclipped_r = losses.clipped_value_loss(values_r, mb["old_value"], mb["advantage"],
+                                                    cfg.value_clip)
+    value_loss = (mb["value_weight"] * vloss_r).sum()
+    metrics["value_loss"] = value_loss
+    metrics["value_clipped"] = (vclipped_r * (mb["value_weight"] > 0)).sum()
+    metrics["value_rows"] = (mb["value_weight"] > 0).sum().astype(jnp.float32)
+    loss = loss + cfg.value_coef * value_loss
+  if cfg.kl_coef > 0:
+    kl_rt = losses.kl_per_token(logp_rt, mb["ref_logp"], cfg.kl_estimator)
+    kl_loss = (weight_rt * kl_rt).sum()
+    metrics["kl_loss"] = kl_loss
+    loss = loss + cfg.kl_coef * kl_loss
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+class Updater:
+  """Compiled update and forward-only programs for one model structure, optimizer and mesh.
+
+  Programs are compiled once per distinct batch shape (the sparse path's buckets, see
+  `ksjax.trainer.sparse`).
+  """
+
+  def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+               loss_cfg: LossConfig, mesh: jax.sharding.Mesh, prompt_len_fn: Callable | None = None):
+    self.graphdef = graphdef
+    self.optimizer = optimizer
+    self.loss_cfg = loss_cfg
+    self.mesh = mesh
+    self._replicated = NamedSharding(mesh, P())
+    self._steps: dict[Any, Callable] = {}
+    self._forwards: dict[Any, Callable] = {}
+
+  # -- state -----------------------------------------------------------------------------------
+
+  def state_shardings(self, params: nnx.State) -> TrainState:
+    """NamedShardings of a TrainState built on `params` (placed by `model.shard`)."""
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    abstract_opt = jax.eval_shape(self.optimizer.init, params)
+    opt_shardings = optax.tree_map_params(
+        self.optimizer, lambda _, s: s, abstract_opt, param_shardings,
+        transform_non_params=lambda _: self._replicated)
+    rep = self._replicated
+    return TrainState(params=param_shardings, opt_state=opt_shardings, step=rep, skipped=rep,
+                      rng=rep)
+
+  def init_state(self, params: nnx.State, rng: jax.Array) -> TrainState:
+    """A fresh TrainState (step 0) around `params`, every leaf placed by its sharding."""
+    shardings = self.state_shardings(params)
+
+    def init(params, rng):
+      return TrainState(params=params, opt_state=self.optimizer.init(params),
+                        step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32), rng=rng)
+
+    return jax.jit(init, out_shardings=shardings)(params, rng)
+
+  def abstract_state(self, params: nnx.State) -> TrainState:
+    """ShapeDtypeStructs (with shardings) of a TrainState, the target for restoring one."""
+    shardings = self.state_shardings(params)
+    abstract = jax.eval_shape(
+        lambda p: TrainState(params=p, opt_state=self.optimizer.init(p),
+                             step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
+                             rng=jax.random.key(0)), params)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+  def _batch_sharding(self, ndim: int) -> NamedSharding:
+    """[M, m, ...] micro-batched arrays: rows (axis 1) over the batch axes."""
+    return NamedSharding(self.mesh, P(None, sharding.BATCH, *([None] * (ndim - 2))))
+
+  def place(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Puts a host batch of [M, m, ...] arrays on the mesh, rows split over data x fsdp."""
+    return {k: jax.device_put(v, self._batch_sharding(v.ndim)) for k, v in batch.items()}
+
+  # -- programs --------------------------------------------------------------------------------
+
+  def step(self, state: TrainState, batch: Mapping[str, jax.Array],
+           prompt_len: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step on a placed [M, m, ...] batch; returns the new state (the old one is
+    donated) and metric sums: the micro-batch sums plus grad_norm and finite (0/1)."""
+    key = (prompt_len, tuple(sorted((k, v.shape) for k, v in batch.items())))
+    if key not in self._steps:
+      self._steps[key] = self._compile_step(state, batch, prompt_len)
+    return self._steps[key](state, batch)
+
+  def _compile_step(self, state: TrainState, batch, prompt_len: int):
+    graphdef, optimizer, cfg = self.graphdef, self.optimizer, self.loss_cfg
+
+    def micro_loss(params, mb):
+      return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, prompt_len)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def update(state: TrainState, batch):
+      def accumulate(carry, mb):
+        grads, sums = carry
+        (_, metrics), g = grad_fn(state.params, mb)
+        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, metrics)), None
+
+      first_mb = jax.tree.map(lambda x: x[0], batch)
+      zero_metrics = jax.tree.map(jnp.zeros_like,
+                                  jax.eval_shape(lambda: micro_loss(state.params, first_mb)[1]))
+      zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+      (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), batch)
+      grad_norm = optax.tree.norm(grads)
+      finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+      new_state = TrainState(params=keep(params, state.params),
+                             opt_state=keep(opt_state, state.opt_state),
+                             step=state.step + 1, skipped=state.skipped + (~finite).astype(jnp.int32),
+                             rng=state.rng)
+      return new_state, {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    batch_shardings = {k: v.sharding for k, v in batch.items()}
+    return jax.jit(update, in_shardings=(shardings, batch_shardings),
+                   out_shardings=(shardings, self._replicated), donate_argnums=(0,))
+
+  def forward(self, params: nnx.State, batch: Mapping[str, jax.Array], *, values: bool = False,
+              prompt_len: int = 0) -> dict[str, jax.Array]:
+    """Forward only, micro-batch by micro-batch: per-token log-probs [M, m, T] of `tokens` at the
+    loss temperature, and with `values` the prompt values V(x) [M, m]."""
+    key = (values, prompt_len, batch["tokens"].shape)
+    if key not in self._forwards:
+      graphdef, temperature = self.graphdef, self.loss_cfg.temperature
+
+      def fwd(params, tokens_mmt, mask_mmt):
+        def one(args):
+          tokens_rt, mask_rt = args
+          llama = nnx.merge(graphdef, params)
+          out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
+          if values:
+            out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
+          return out
+        return jax.lax.map(one, (tokens_mmt, mask_mmt))
+
+      self._forwards[key] = jax.jit(fwd)
+    return self._forwards[key](params, batch["tokens"], batch["attention_mask"])

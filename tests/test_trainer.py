@@ -1,0 +1,237 @@
+"""The trainer's update path on a tiny model: every config's stack, sparse == dense, micro-batching,
+non-finite steps, and a 2-device mesh against 1 device.
+
+Rollouts here are made up (random tokens and rewards) so that the update is tested without the
+sampler; tests/test_trainer_run.py runs the whole loop.
+"""
+
+import importlib.util
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from ksjax import model
+from ksjax.config_validation import ConfigError
+from ksjax.trainer import config as config_lib
+from ksjax.trainer import learner, rollout, update
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
+TRAINER_CONFIGS = [os.path.join(CONFIG_DIR, f"{name}.py") for name in (
+    "pass_at_k", "biased_pass_at_k", "majority_vote", "biased_majority_vote", "mean",
+    "ppo_pass_at_k", "grpo_pass_at_k", "dr_grpo_pass_at_k", "pkpo_pass_at_k",
+    "math_llama8b", "code_contests_llama8b", "code_contests_llama70b")]
+VOCAB = 32
+_PROGRAMS = {}  # (loss config, mesh) -> Updater: configs with the same stack share compilations
+
+
+def load_config(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def tiny_llama(value_head=False, seed=0):
+  cfg = model.preset("tiny", vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
+                     num_kv_heads=1, head_dim=16, intermediate_size=64, value_head=value_head)
+  return model.Llama(cfg, rngs=nnx.Rngs(seed))
+
+
+def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6):
+  """B prompts x n completions of random tokens; rewards +-1 by answer class (class 0 correct)."""
+  rng = np.random.default_rng(seed)
+  r, t = b * n, prompt_len + new
+  tokens = rng.integers(4, VOCAB, size=(r, t)).astype(np.int32)
+  prompt_lengths = np.repeat(rng.integers(2, prompt_len + 1, size=b), n)
+  lengths = rng.integers(1, new + 1, size=r)
+  cols = np.arange(t)[None]
+  prompt_mask = (cols < prompt_len) & (cols >= prompt_len - prompt_lengths[:, None])
+  completion_mask = (cols >= prompt_len) & (cols < prompt_len + lengths[:, None])
+  answer_ids = rng.integers(0, 3, size=(b, n)).astype(np.int32)
+  correct = answer_ids == 0
+  return rollout.Rollout(
+      prompts=tuple(), tokens_rt=tokens, attention_mask_rt=prompt_mask | completion_mask,
+      completion_mask_rt=completion_mask,
+      behaviour_logp_rt=np.where(completion_mask, -2.0, 0.0).astype(np.float32),
+      prompt_len=prompt_len, finished_r=np.ones(r, bool), texts=("",) * r,
+      rewards_bn=np.where(correct, 1.0, -1.0).astype(np.float32), correct_bn=correct,
+      answer_ids_bn=answer_ids)
+
+
+def make_updater(config, llama, mesh, derived):
+  loss_cfg = update.LossConfig(
+      algorithm=config.algorithm, clip_eps=config.clip_eps, value_clip=config.value_clip,
+      value_coef=config.value_coef, is_cap=config.is_cap, kl_coef=config.kl_coef,
+      kl_estimator=config.kl_estimator, temperature=config.temperature)
+  optimizer = update.make_optimizer(learning_rate=config.learning_rate, warmup_steps=0,
+                                    weight_decay=config.weight_decay,
+                                    max_grad_norm=config.max_grad_norm)
+  graphdef, params = nnx.split(model.shard(llama, mesh))
+  key = (loss_cfg, config.learning_rate, config.weight_decay, config.max_grad_norm, mesh, graphdef)
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = update.Updater(graphdef, optimizer, loss_cfg, mesh)
+  updater = _PROGRAMS[key]
+  learn_cfg = learner.LearnConfig(
+      algorithm=config.algorithm, aggregation=config.loss_aggregation,
+      loss_constant=derived.loss_constant, ppo_epochs=config.ppo_epochs,
+      num_minibatches=config.num_minibatches, micro_batch_size=derived.micro_batch_size,
+      sparse=config.sparse_updates, batch_shards=mesh.shape["data"] * mesh.shape["fsdp"])
+  return updater, learn_cfg, updater.init_state(params, jax.random.PRNGKey(0))
+
+
+def tiny(config, **overrides):
+  config.batch_prompts = 4
+  config.max_new_tokens = 6
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def learn_once(config, *, mesh=None, seed=0, rollout_=None, ref=False):
+  derived = config_lib.validate(config)
+  mesh = mesh or model.make_mesh((1, 1, 1))
+  llama = tiny_llama(value_head=config.algorithm == "ppo")
+  updater, learn_cfg, state = make_updater(config, llama, mesh, derived)
+  batch = rollout_ or fake_rollout(config.batch_prompts, derived.n, seed=seed)
+  adv = rollout.advantages(batch, aggregator=config.aggregator, baseline=config.baseline,
+                           k=config.k, p=config.p, beta=config.beta, scale=config.scale)
+  ref_logp = None
+  if ref or config.kl_coef > 0:
+    ref_logp = learner.forward_rows(updater, state.params, batch, np.arange(len(adv.ravel())),
+                                    derived.micro_batch_size)["logp"]
+  before = jax.tree.map(np.asarray, state.params)
+  state, metrics = learner.learn(updater, state, batch, adv.reshape(-1), learn_cfg,
+                                 np.asarray(jax.random.PRNGKey(seed)), ref_logp)
+  return before, state, metrics, adv
+
+
+def max_abs_diff(a, b):
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("path", TRAINER_CONFIGS, ids=os.path.basename)
+def test_every_config_validates_and_its_stack_takes_a_step(path):
+  config = load_config(path)
+  if config.task != "synthetic":
+    with pytest.raises(ConfigError, match="config.init_hf is missing"):
+      config_lib.validate(config)
+    config.init_hf = "a Hugging Face directory"
+    config_lib.validate(config)
+    return  # their stack is the one of a synthetic config; they need a dataset and a checkpoint
+  config = tiny(config)
+  before, state, metrics, adv = learn_once(config)
+  assert np.any(adv != 0)
+  assert np.isfinite(metrics["loss/total"])
+  assert metrics["optim/steps"] == config.ppo_epochs * config.num_minibatches
+  assert metrics["optim/skipped_steps"] == 0
+  assert max_abs_diff(before, state.params) > 0
+  if config.algorithm == "ppo":
+    assert "loss/value" in metrics and "ppo/clip_fraction" in metrics
+  if config.algorithm in update.CLIPPED:
+    assert 0.0 <= metrics["ppo/clip_fraction"] <= 1.0
+
+
+def _pass_at_k_config(**overrides):
+  config = tiny(load_config(os.path.join(CONFIG_DIR, "pass_at_k.py")), k=8, **overrides)
+  config.learning_rate = 1e-2
+  return config
+
+
+def test_sparse_update_equals_dense():
+  """pass@k leave-one-out at k = 8: at most one row per group trains; the update is the same."""
+  dense = learn_once(_pass_at_k_config(sparse_updates=False))
+  sparse_ = learn_once(_pass_at_k_config(sparse_updates=True))
+  assert dense[2]["update/rows_fraction"] == 1.0
+  assert 0 < sparse_[2]["update/rows_fraction"] <= 1 / 8
+  assert max_abs_diff(dense[1].params, sparse_[1].params) < 1e-5
+  assert max_abs_diff(dense[0], dense[1].params) > 1e-4  # the update did something
+  np.testing.assert_allclose(sparse_[2]["loss/total"], dense[2]["loss/total"], rtol=1e-5,
+                             atol=1e-7)
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient():
+  whole = learn_once(_pass_at_k_config(baseline="loo_demeaned"))
+  micro = learn_once(_pass_at_k_config(baseline="loo_demeaned", micro_batch_size=8))
+  assert max_abs_diff(whole[1].params, micro[1].params) < 1e-5
+  np.testing.assert_allclose(micro[2]["optim/grad_norm"], whole[2]["optim/grad_norm"], rtol=1e-5)
+
+
+def test_non_finite_loss_skips_the_update_and_is_counted():
+  config = _pass_at_k_config(baseline="loo_demeaned")
+  derived = config_lib.validate(config)
+  mesh = model.make_mesh((1, 1, 1))
+  updater, learn_cfg, state = make_updater(config, tiny_llama(), mesh, derived)
+  batch = fake_rollout(config.batch_prompts, derived.n)
+  before = jax.tree.map(np.array, (state.params, state.opt_state))
+  adv = np.ones(derived.rows, np.float32)
+  adv[3] = np.nan
+  state, metrics = learner.learn(updater, state, batch, adv, learn_cfg,
+                                 np.asarray(jax.random.PRNGKey(0)))
+  assert metrics["optim/skipped_steps"] == 1 and int(state.skipped) == 1
+  assert int(state.step) == 1
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((state.params, state.opt_state))):
+    np.testing.assert_array_equal(a, np.asarray(b))  # bitwise: nothing reached the state
+  adv[3] = 0.5
+  state, metrics = learner.learn(updater, state, batch, adv, learn_cfg,
+                                 np.asarray(jax.random.PRNGKey(0)))
+  assert metrics["optim/skipped_steps"] == 0 and int(state.skipped) == 1
+  assert max_abs_diff(before[0], state.params) > 0
+
+
+def test_two_device_mesh_gives_the_loss_of_one_device():
+  assert jax.device_count() >= 2, "tests/conftest.py provides 8 fake CPU devices"
+  config = _pass_at_k_config(baseline="loo_demeaned", kl_coef=0.1)
+  one = learn_once(config, mesh=model.make_mesh((1, 1, 1)))
+  two = learn_once(config, mesh=model.make_mesh((2, 1, 1)))
+  np.testing.assert_allclose(two[2]["loss/total"], one[2]["loss/total"], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(two[2]["optim/grad_norm"], one[2]["optim/grad_norm"], rtol=1e-5)
+  assert max_abs_diff(one[1].params, two[1].params) < 1e-5
+  shard_devices = {s.device for s in jax.tree.leaves(two[1].params)[0].addressable_shards}
+  assert len(shard_devices) == 2
+
+
+def test_ppo_reuses_completions_off_policy_with_clipping():
+  """Second epoch: the learner has moved, so ratios leave 1 and some tokens are clipped."""
+  config = tiny(load_config(os.path.join(CONFIG_DIR, "ppo_pass_at_k.py")), ppo_epochs=4,
+                learning_rate=3e-2)
+  _, _, metrics, _ = learn_once(config)
+  assert metrics["optim/steps"] == 8
+  assert metrics["ppo/clip_fraction"] > 0
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"k": 0}, "config.k"), ({"n": 2, "k": 4}, "config.k"), ({"aggregator": "max"}, "aggregator"),
+    ({"baseline": "leave_p_out", "p": 4}, "config.p"), ({"algorithm": "a2c"}, "config.algorithm"),
+    ({"algorithm": "grpo"}, "config.scale"), ({"temperature": 0.0}, "config.temperature"),
+    ({"top_p": 1.5}, "config.top_p"), ({"num_minibatches": 3}, "config.num_minibatches"),
+    ({"micro_batch_size": 5}, "config.micro_batch_size"), ({"is_cap": 0.5}, "config.is_cap"),
+    ({"loss_aggregation": "sum"}, "config.loss_aggregation"), ({"mesh": (1, 1)}, "config.mesh"),
+    ({"learning_rate": -1.0}, "config.learning_rate"), ({"init_hf": ""}, "config.init_hf"),
+    ({"ppo_epochs": 2}, "config.ppo_epochs"), ({"eval.ks": (1, 32)}, "config.eval.ks"),
+    ({"synthetic.levels": (1, 6)}, "config.synthetic.levels"), ({"resume": 1}, "config.resume"),
+    ({"model.preset": "gpt2"}, "config.model.preset")])
+def test_bad_field_is_one_error_naming_it(overrides, field):
+  config = load_config(os.path.join(CONFIG_DIR, "pass_at_k.py"))
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as error:
+    config_lib.validate(config)
+  assert "\n" not in str(error.value)
+
+
+def test_unknown_field_is_refused():
+  config = load_config(os.path.join(CONFIG_DIR, "pass_at_k.py"))
+  config.unlock()
+  config.lerning_rate = 0.1
+  with pytest.raises(ConfigError, match="config.lerning_rate is not a field"):
+    config_lib.validate(config)
+
+
