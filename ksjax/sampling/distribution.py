@@ -20,6 +20,8 @@ information, whereas the model's own log-prob of the greedy token is a useful co
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -52,6 +54,38 @@ def truncated_logits(logits_bv: jax.Array, temperature: float, top_k: int,
   return z_bv
 
 
+def draw(keys_b: jax.Array, z_bv: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One token per row from softmax(z) (z: float32 [B, V], -inf for excluded tokens), by inverse
+  CDF. Returns the tokens int32 [B] and logsumexp(z) float32 [B].
+
+  Row b draws u ~ U[0, 1) from keys_b[b] and returns the token whose cumulative-probability
+  interval contains u. Why by hand: `jax.random.categorical` (Gumbel-max) needs V random numbers
+  and two logarithms per entry, more than a whole decode step of a small model on CPU; this needs
+  one uniform per row. The search is two-level, over blocks of ~sqrt(V) tokens and then within one
+  block, because a cumulative sum over all V entries is itself slow on CPU (and less exact).
+  Excluded tokens have zero width and are not returned. Float32 sums move the interval boundaries
+  by ~1e-7 of the mass, far below sampling noise; the log-probs reported are the tokens' exact log q.
+  """
+  b, v = z_bv.shape
+  block = 1 << max(0, math.isqrt(v - 1).bit_length())  # a power of two >= sqrt(V)
+  blocks = -(-v // block)
+  max_b1 = jnp.max(z_bv, axis=-1, keepdims=True)
+  w_bv = jnp.exp(z_bv - max_b1)  # unnormalised probabilities, the largest 1
+  w_bnk = jnp.pad(w_bv, ((0, 0), (0, blocks * block - v))).reshape(b, blocks, block)
+  block_cdf_bn = jnp.cumsum(w_bnk.sum(axis=-1), axis=-1)
+  total_b = block_cdf_bn[:, -1]
+  x_b = jax.vmap(jax.random.uniform)(keys_b) * total_b  # u < 1, so x < total
+  j_b = jnp.minimum(jnp.sum(block_cdf_bn <= x_b[:, None], axis=-1), blocks - 1)
+  before_b = jnp.where(j_b > 0, jnp.take_along_axis(block_cdf_bn, j_b[:, None] - 1, -1)[:, 0], 0.0)
+  w_bk = jnp.take_along_axis(w_bnk, j_b[:, None, None], axis=1)[:, 0]  # the chosen block
+  i_b = jnp.sum(jnp.cumsum(w_bk, axis=-1) <= (x_b - before_b)[:, None], axis=-1)
+  # Rounding can step past the block's last positive weight: take that token instead.
+  last_b = block - 1 - jnp.argmax((w_bk > 0)[:, ::-1], axis=-1)
+  i_b = jnp.where(jnp.take_along_axis(w_bk, jnp.minimum(i_b, block - 1)[:, None], -1)[:, 0] > 0,
+                  jnp.minimum(i_b, block - 1), last_b)
+  return (j_b * block + i_b).astype(jnp.int32), max_b1[:, 0] + jnp.log(total_b)
+
+
 def choose(logits_bv: jax.Array, keys_b: jax.Array,
            cfg: SamplerConfig) -> tuple[jax.Array, jax.Array]:
   """Next token of each row and its log-prob (see module doc): int32 [B], float32 [B].
@@ -60,11 +94,13 @@ def choose(logits_bv: jax.Array, keys_b: jax.Array,
   (its padding, its sharding).
   """
   if cfg.greedy:
-    token_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
-    logq_bv = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
+    z_bv = logits_bv.astype(jnp.float32)
+    # argmax as the first index of the maximum (XLA's CPU argmax reduction is several times slower)
+    max_b1 = jnp.max(z_bv, axis=-1, keepdims=True)
+    vocab_v = jnp.arange(z_bv.shape[-1], dtype=jnp.int32)
+    token_b = jnp.min(jnp.where(z_bv == max_b1, vocab_v, z_bv.shape[-1] - 1), axis=-1)
+    lse_b = max_b1[:, 0] + jnp.log(jnp.sum(jnp.exp(z_bv - max_b1), axis=-1))
   else:
     z_bv = truncated_logits(logits_bv, cfg.temperature, cfg.top_k, cfg.top_p)
-    token_b = jax.vmap(jax.random.categorical)(keys_b, z_bv).astype(jnp.int32)
-    logq_bv = jax.nn.log_softmax(z_bv, axis=-1)
-  logp_b = jnp.take_along_axis(logq_bv, token_b[:, None], axis=-1)[:, 0]
-  return token_b, logp_b
+    token_b, lse_b = draw(keys_b, z_bv)
+  return token_b, jnp.take_along_axis(z_bv, token_b[:, None], axis=-1)[:, 0] - lse_b
