@@ -61,9 +61,28 @@ def test_greedy_returns_argmax_and_the_model_logprob():
 
 # --- frequencies of many draws ---------------------------------------------------------------
 
+P_VALUE_FLOOR = 1e-3  # chi-square goodness of fit: fail below this p-value
+
+
+def test_inverse_cdf_draws_follow_softmax_with_a_ragged_last_block():
+  """37 tokens: blocks of 8, the last one padded; some tokens excluded (-inf), one dominant."""
+  rows = 20000
+  z = np.random.RandomState(2).normal(0, 1.5, 37).astype(np.float32)
+  z[[0, 9, 17, 36]] = -np.inf
+  draw = jax.jit(distribution.draw)
+  tokens, lse = draw(jax.random.split(jax.random.key(0), rows), jnp.broadcast_to(z, (rows, 37)))
+  expected = np.exp(z - np.logaddexp.reduce(z.astype(np.float64)))
+  np.testing.assert_allclose(np.asarray(lse), np.logaddexp.reduce(z.astype(np.float64)),
+                             rtol=1e-6)
+  counts = np.bincount(np.asarray(tokens), minlength=37)
+  kept = expected > 0
+  assert counts[~kept].sum() == 0
+  _, p_value = scipy.stats.chisquare(counts[kept], rows * expected[kept])
+  assert p_value > P_VALUE_FLOOR, (counts, rows * expected)
+
+
 VOCAB = 12
 DRAWS = 4000
-P_VALUE_FLOOR = 1e-3  # chi-square goodness of fit: fail below this p-value
 
 
 @pytest.fixture(scope="module")
