@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ksjax import sampling
+from ksjax import distributed, sampling
 from ksjax.evaluation import estimators
 from ksjax.tasks.base import Prompt, Task
 
@@ -71,7 +71,7 @@ def evaluate(llama, task: Task, prompts: Sequence[Prompt], *, num_samples: int, 
                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             top_k=top_k, seed=seed + start, eos_id=tokenizer.eos_ids, mesh=mesh,
                             pad_id=tokenizer.pad_id)
-    tokens_rn = np.asarray(out.tokens)
+    tokens_rn = distributed.to_host(out.tokens)
     texts = [tokenizer.decode(row) for row in tokens_rn]
     scores = task.score(chunk, [texts[g * num_samples:(g + 1) * num_samples]
                                 for g in range(len(chunk))])
@@ -87,7 +87,9 @@ def evaluate(llama, task: Task, prompts: Sequence[Prompt], *, num_samples: int, 
 
 
 def save(path: str, result: EvalResult) -> None:
-  """Writes the metrics and per-prompt counts as JSON (atomically)."""
+  """Writes the metrics and per-prompt counts as JSON (atomically; process 0 only)."""
+  if not distributed.is_writer():
+    return
   data = {"num_samples": result.num_samples, "metrics": result.metrics,
           "levels": list(result.levels), "num_correct": result.correct.sum(1).tolist()}
   tmp = path + ".tmp"

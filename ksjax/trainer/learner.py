@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
+from ksjax import distributed
 from ksjax.trainer import losses, sparse
 from ksjax.trainer.rollout import Rollout
 from ksjax.trainer.update import CLIPPED, TrainState, Updater
@@ -61,7 +62,7 @@ def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, m
                          "attention_mask": rollout.attention_mask_rt[padded]}, micro)
   out = updater.forward(params, updater.place(batch), values=values,
                         prompt_len=rollout.prompt_len)
-  out = jax.device_get(out)
+  out = distributed.to_host(out)
   return {k: np.asarray(v).reshape(len(padded), *v.shape[2:])[:len(rows)] for k, v in out.items()}
 
 

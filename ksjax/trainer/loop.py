@@ -36,7 +36,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import model
+from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import checkpointing, evaluation, learner, metrics, rollout, sparse, tasks
 from ksjax.trainer import config as config_lib
@@ -81,7 +81,8 @@ def build_model(config: Any, vocab_size: int, mesh: jax.sharding.Mesh) -> model.
                    if config.model[f] is not None}
       cfg = model.preset(config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
                          dtype=dtype, remat=config.model.remat, **overrides)
-      llama = model.shard(model.Llama(cfg, rngs=nnx.Rngs(config.seed)), mesh)
+      llama = distributed.create_sharded(lambda: model.Llama(cfg, rngs=nnx.Rngs(config.seed)),
+                                         mesh)
   except (FileNotFoundError, model.CheckpointError) as e:
     field = "init_hf" if config.init_hf else "init_checkpoint"
     raise ConfigError(f"config.{field}: {e}") from None
@@ -126,6 +127,7 @@ def _eval(config, derived, llama, task, mesh, seed: int) -> evaluation.EvalResul
 
 def run(config: Any) -> None:
   """Trains as `config` says (see `ksjax.trainer.defaults` for every field)."""
+  distributed.initialize()  # joins the other hosts' processes, if any: before any computation
   derived = config_lib.validate(config)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
@@ -136,7 +138,7 @@ def run(config: Any) -> None:
                       f"{checkpoint_dir}); expected config.resume=True to continue it, or a new "
                       "config.workdir")
   start_time = time.time()
-  task = tasks.make_task(config)
+  task = distributed.ShardedScoring(tasks.make_task(config))
   try:
     _train(config, derived, task, workdir, checkpoint_dir, start_time)
   finally:
@@ -193,9 +195,10 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
     ref_params = nnx.state(reference)
   else:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(config_json, f, indent=1, sort_keys=True)
-    tokenizer.save(os.path.join(workdir, "tokenizer"))
+    if distributed.is_writer():
+      with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config_json, f, indent=1, sort_keys=True)
+      tokenizer.save(os.path.join(workdir, "tokenizer"))
     if config.sft_warmup.steps:
       w = config.sft_warmup
       _say(f"supervised warm-up: {w.steps} steps of {w.batch_size} reference solutions")
@@ -229,7 +232,7 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
   try:
     while step < config.num_steps:
       timer = Timer()
-      prompts = next(data_iterator)
+      prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
       state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
       seed = int(jax.random.randint(sample_key, (), 0, 2**31 - 1))
@@ -239,7 +242,7 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
                            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                            top_p=config.top_p, top_k=config.top_k, seed=seed, eos_ids=eos_ids,
                            pad_id=tokenizer.pad_id, mesh=mesh)
-      jax.block_until_ready(out.tokens)
+      out = distributed.to_host(out)
       timer.lap("time/sampling")
       batch = rollout.score(task, prompts, out)
       timer.lap("time/reward")
@@ -298,8 +301,9 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
     header = (f"held-out {config.eval.split}: {len(result.levels)} prompts x "
               f"{result.num_samples} samples, temperature {config.eval.temperature}, top-p "
               f"{config.eval.top_p}")
-    with open(os.path.join(workdir, "eval_table.txt"), "w", encoding="utf-8") as f:
-      f.write(header + "\n" + text + "\n")
+    if distributed.is_writer():
+      with open(os.path.join(workdir, "eval_table.txt"), "w", encoding="utf-8") as f:
+        f.write(header + "\n" + text + "\n")
     _say(header + "\n" + text)
   _say(f"done in {time.time() - start_time:.0f}s; outputs in {workdir}")
 
