@@ -1,4 +1,6 @@
-"""The evaluation binary: `python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=DIR`.
+"""The evaluation binary.
+
+  python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=DIR [--config.field=value]
 
 Evaluates a training run's checkpoints (one step, the latest, all, or each of the last N and
 their average; or, with --config.watch=True, each new one as it lands) in a process of its own,

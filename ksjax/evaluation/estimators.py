@@ -71,7 +71,8 @@ def pass_at_k(num_correct: np.ndarray, num_samples: int, k: int) -> np.ndarray:
   return np.where(n - c < k, 1.0, 1.0 - survive[c])
 
 
-def pass_at_ks(num_correct: np.ndarray, num_samples: int, ks: Sequence[int]) -> dict[int, np.ndarray]:
+def pass_at_ks(num_correct: np.ndarray, num_samples: int,
+               ks: Sequence[int]) -> dict[int, np.ndarray]:
   """pass@k per problem for each k."""
   return {int(k): pass_at_k(num_correct, num_samples, k) for k in ks}
 
@@ -98,8 +99,8 @@ def answer_class_profile(answer_ids_n: np.ndarray,
   if np.any(low != high):
     bad = classes[np.argmax(low != high)]
     raise ValueError(f"answer class {bad} holds samples with different values "
-                     f"({low[classes == bad][0]} and {high[classes == bad][0]}); expected one value "
-                     "per answer class")
+                     f"({low[classes == bad][0]} and {high[classes == bad][0]}); expected one "
+                     "value per answer class")
   return tuple(sorted(zip(counts.tolist(), low.tolist())))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 # Figure objects, not pyplot: the files need no backend and no global state, and importing this
 # module in a notebook leaves its inline backend alone.
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 PASS_AT_K_PNG = "pass_at_k.png"
@@ -37,6 +38,7 @@ def metric_vs_step(ax, steps: Sequence[float], values: Sequence[float], label: s
                    *, metric: str = "", **style: Any) -> None:
   ax.plot(list(steps), list(values), marker="o" if len(steps) < 30 else None, label=label,
           **style)
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
   ax.set_xlabel("training step")
   ax.set_ylabel(metric)
   ax.grid(True, alpha=0.3)

@@ -41,8 +41,13 @@ from ksjax.trainer import tasks as trainer_tasks
 EVAL_DIR = "eval"
 
 
+def _is_writer() -> bool:
+  """Every JAX process evaluates (the sampler is a collective program); process 0 writes."""
+  return jax.process_index() == 0
+
+
 def _say(message: str) -> None:
-  if jax.process_index() == 0:
+  if _is_writer():
     print(message, flush=True)
 
 
@@ -92,6 +97,7 @@ class Evaluator:
     self.graphdef, self.target = checkpoints.abstract_policy(self.cfg, self.mesh)
     self.records: dict[int, dict] = {
         r["step"]: r for r in results.load_records(self.output_dir, self.settings.sampling())}
+    self.sampled = 0  # checkpoints sampled by this process (the first one compiles)
 
   def check(self, step: int) -> None:
     checkpoints.check_shapes(self.run, step, self.target, _describe(self.cfg))
@@ -119,16 +125,20 @@ class Evaluator:
         metadata=[dict(p.metadata) for p in self.prompts], breakdown=s.breakdown,
         correct_gn=out.correct, answer_ids_gn=out.answer_ids, rewards_gn=out.rewards,
         seconds=seconds)
-    results.save_step(self.output_dir, record)
     self.records[step] = record
+    if _is_writer():
+      results.save_step(self.output_dir, record)
     self.save_summaries()
-    first = "" if len(self.records) > 1 else ", compilation included"
+    self.sampled += 1
+    first = ", compilation included" if self.sampled == 1 else ""
     _say(f"step {step}: {record['num_problems']} problems x {s.num_samples} samples in "
          f"{seconds:.1f}s = {record['samples_per_second']:.1f} samples/s (restore "
          f"{loaded - started:.1f}s{first}); " + headline(record["metrics"], s.ks))
     return record
 
   def save_summaries(self, averaged: dict | None = None) -> None:
+    if not _is_writer():
+      return
     records = [self.records[step] for step in sorted(self.records)]
     results.save_summaries(self.output_dir, records, averaged)
     if self.settings.plots:
@@ -159,7 +169,9 @@ def run(config: Any) -> None:
     raise checkpoints.CheckpointInputError(
         f"config.checkpoint_dir={s.checkpoint_dir!r} holds no checkpoints (no finished step "
         f"directory in {run_dir.steps_dir}); expected a run that has saved at least one")
-  selected = settings_lib.select_steps(s.steps, available, run_dir.steps_dir) if available else []
+  # Watch mode takes every checkpoint there is and every one to come.
+  selected = (available if s.watch else
+              settings_lib.select_steps(s.steps, available, run_dir.steps_dir))
   task = trainer_tasks.make_task(config.run)
   try:
     prompts = _prompts(task, s)
@@ -169,7 +181,8 @@ def run(config: Any) -> None:
     evaluator = Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
     for step in selected:  # every selected checkpoint fits before anything is written
       evaluator.check(step)
-    os.makedirs(output_dir, exist_ok=True)
+    if _is_writer():
+      os.makedirs(output_dir, exist_ok=True)
     _say(f"evaluating {run_dir.steps_dir}: {len(prompts)} {s.split} problems x {s.num_samples} "
          f"samples (temperature {s.temperature}, top-p {s.top_p}), {cfg.num_params:,} "
          f"parameters on mesh {dict(mesh.shape)}; results in {output_dir}")
