@@ -36,7 +36,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import distributed, model
+from ksjax import distributed, model, planning
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import checkpointing, evaluation, learner, metrics, rollout, sparse, tasks
 from ksjax.trainer import config as config_lib
@@ -152,6 +152,7 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
   mesh = model.make_mesh(tuple(config.mesh))
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
   config_lib.check_mesh(derived, batch_shards)
+  planning.check_fits(config, vocab_size=tokenizer.vocab_size)  # before allocating (not on CPU)
   llama = build_model(config, tokenizer.vocab_size, mesh)
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "
        f"{llama.cfg.hidden_size}; mesh {dict(mesh.shape)} on {jax.device_count()} "
