@@ -140,11 +140,13 @@ def model_config(config: Any, vocab_size: int) -> model.LlamaConfig:
   """The LlamaConfig `ksjax.trainer.loop.build_model` would build, from config files only."""
   dtype = config.model.dtype
   try:
+    # The shapes of a checkpoint come from its config; dtype and remat from the run's config.
     if config.init_hf:
-      cfg = hf_io.read_config(config.init_hf, dtype)
+      cfg = dataclasses.replace(hf_io.read_config(config.init_hf, dtype),
+                                remat=config.model.remat)
     elif config.init_checkpoint:
       cfg = dataclasses.replace(model_checkpoint.load_config(config.init_checkpoint),
-                                param_dtype=dtype, dtype=dtype)
+                                param_dtype=dtype, dtype=dtype, remat=config.model.remat)
     else:
       overrides = {f: config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
                                                 "num_kv_heads", "head_dim", "intermediate_size")
@@ -248,7 +250,7 @@ def compile_update(config: Any, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
   state = updater.abstract_state(params)
   batch = update_batch(config, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
                        seq_len=shapes.prompt_len + shapes.max_new_tokens)
-  step = updater._compile_step(state, batch, shapes.prompt_len)  # pylint: disable=protected-access
+  step = updater.step_program(state, batch, shapes.prompt_len)
   return ProgramMemory.of(step.lower(state, batch).compile())
 
 
@@ -504,18 +506,24 @@ def check(memory_plan: MemoryPlan, device_memory: int | None = None) -> MemoryPl
       "usable); change one of: " + "; ".join(advice(memory_plan, device_memory)))
 
 
-def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> MemoryPlan:
+def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> MemoryPlan | None:
   """Plans `config` and raises ConfigError, saying what to change, if it cannot fit.
+
+  The trainer calls this at start-up, before it allocates anything.
 
   Args:
     config: the trainer config.
     device_memory: bytes one device has; default: what the runtime reports. When neither is
-      known (CPU), the plan is returned unchecked.
+      known (CPU), nothing is planned and None is returned.
     **plan_args: passed to `plan` (devices, prompt_len, vocab_size).
 
   Returns:
     The plan, when it fits in USABLE_FRACTION of `device_memory`.
   """
+  if device_memory is None:
+    device_memory = device_memory_bytes()
+  if device_memory is None:
+    return None
   return check(plan(config, **plan_args), device_memory)
 
 

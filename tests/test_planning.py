@@ -157,5 +157,12 @@ def test_the_command_line_tool_plans_on_fake_devices_and_refuses_bad_configs(tmp
   assert bad.stderr.strip().splitlines()[-1].startswith("plan: bad config: config.k=0")
 
 
-def test_device_memory_is_unknown_on_cpu():
-  assert jax.devices()[0].platform != "cpu" or planning.device_memory_bytes() is None
+def test_on_cpu_the_start_up_check_plans_nothing(monkeypatch):
+  assert jax.devices()[0].platform == "cpu"  # conftest's fake devices
+  assert planning.device_memory_bytes() is None  # the CPU runtime reports no memory limit
+
+  def no_plan(*args, **kwargs):
+    raise AssertionError("planned without a device memory to check against")
+
+  monkeypatch.setattr(planning, "plan", no_plan)
+  assert planning.check_fits(small_config(), vocab_size=VOCAB) is None

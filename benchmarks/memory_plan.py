@@ -1,0 +1,106 @@
+"""Memory plans of the paper's accelerator configs on 8, 64 and 256 devices, as one table.
+
+  python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]
+
+Each plan runs `python -m ksjax.tools.plan --fake_devices=N` in its own process (a process has
+one device count) and writes JSON; this script prints a Markdown table of the per-device bytes
+and whether each fits 16, 32, 80 and 95 GB devices. Compiling for 256 fake CPU devices takes
+minutes per config. See `ksjax.planning` for what the numbers are and what they assume.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+from absl import app, flags
+
+from ksjax import model
+
+_DEVICES = flags.DEFINE_list("devices", ["8", "64", "256"], "Device counts to plan for.")
+_OUT = flags.DEFINE_string("out", "memory_plans", "Directory for the plans' JSON files.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Longest prompt, tokens.")
+_ROWS_PER_DEVICE = flags.DEFINE_integer(
+    "rows_per_device", None, "Micro-batch rows per batch shard; default: the config's "
+    "micro_batch_size, raised to one row per shard where the mesh has more shards.")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {  # name -> (config file, the model preset whose config.json stands in for init_hf)
+    "8B MATH": ("configs/math_llama8b.py", "llama3.1-8b"),
+    "8B CodeContests": ("configs/code_contests_llama8b.py", "llama3.1-8b"),
+    "70B CodeContests": ("configs/code_contests_llama70b.py", "llama3.1-70b"),
+}
+MEMORY_GB = (16, 32, 80, 95)
+GIB = 2**30
+
+
+def load_config(path: str):
+  spec = importlib.util.spec_from_file_location("config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def hf_config_dir(preset: str, directory: str) -> str:
+  """A directory holding only the config.json of `preset`: all a plan reads of `init_hf`."""
+  path = os.path.join(directory, preset)
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(model.to_hf_config(model.preset(preset)), f)
+  return path
+
+
+def run_plan(config: str, init_hf: str, devices: int, tensor: int, micro: int,
+             out: str) -> dict:
+  cmd = [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}",
+         f"--fake_devices={devices}", f"--prompt_len={_PROMPT_LEN.value}", f"--json_out={out}",
+         f"--config.init_hf={init_hf}"]
+  shards = devices // tensor
+  rows = shards * _ROWS_PER_DEVICE.value if _ROWS_PER_DEVICE.value else max(micro, shards)
+  cmd.append(f"--config.micro_batch_size={rows}")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  if done.returncode:
+    return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+  with open(out, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def row(name: str, devices: int, p: dict) -> str:
+  if "error" in p:
+    return f"| {name} | {devices} | {p['error']} |" + " |" * (7 + len(MEMORY_GB))
+  gib = lambda b: f"{b / GIB:.1f}"
+  mesh = "x".join(str(v) for v in p["mesh"].values())
+  fits = ["yes" if p["peak"] <= 0.9 * gb * 1e9 else "no" for gb in MEMORY_GB]
+  s = p["shapes"]
+  return (f"| {name} | {devices} ({mesh}) | {gib(p['params'])} | {gib(p['optimizer'])} | "
+          f"{gib(p['reference'])} | {gib(p['update_activations'])} (m={s['micro_batch']}) | "
+          f"{gib(p['kv_cache'])} ({s['sample_prompts'] * s['samples']} rows) | "
+          f"{gib(p['phases']['update'])} / {gib(p['phases']['sampling'])} / "
+          f"{gib(p['phases']['eval'])} | {gib(p['peak'])} | " + " | ".join(fits) + " |")
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT.value, exist_ok=True)
+  header = ("| config | devices (data x fsdp x tensor) | params | AdamW | reference | update "
+            "activations | KV cache | peak update / sampling / eval | peak | "
+            + " | ".join(f"{gb} GB" for gb in MEMORY_GB) + " |")
+  lines = [header, "|" + "---|" * (9 + len(MEMORY_GB))]
+  out_dir = os.path.abspath(_OUT.value)
+  for name, (config, preset) in CONFIGS.items():
+    init_hf = hf_config_dir(preset, out_dir)
+    c = load_config(os.path.join(ROOT, config))
+    for devices in map(int, _DEVICES.value):
+      out = os.path.join(out_dir, f"{name.replace(' ', '_')}_{devices}.json")
+      plan = run_plan(config, init_hf, devices, c.mesh[2], c.micro_batch_size, out)
+      lines.append(row(name, devices, plan))
+      print(lines[-1], flush=True)
+  print("\nGiB per device.\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+  app.run(main)
