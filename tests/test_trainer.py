@@ -16,7 +16,7 @@ from flax import nnx
 from ksjax import model
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import config as config_lib
-from ksjax.trainer import learner, rollout, update
+from ksjax.trainer import learner, rollout, sparse, update
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
 TRAINER_CONFIGS = [os.path.join(CONFIG_DIR, f"{name}.py") for name in (
@@ -40,7 +40,7 @@ def tiny_llama(value_head=False, seed=0):
   return model.Llama(cfg, rngs=nnx.Rngs(seed))
 
 
-def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6):
+def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6, answer_ids=None):
   """B prompts x n completions of random tokens; rewards +-1 by answer class (class 0 correct)."""
   rng = np.random.default_rng(seed)
   r, t = b * n, prompt_len + new
@@ -50,7 +50,9 @@ def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6):
   cols = np.arange(t)[None]
   prompt_mask = (cols < prompt_len) & (cols >= prompt_len - prompt_lengths[:, None])
   completion_mask = (cols >= prompt_len) & (cols < prompt_len + lengths[:, None])
-  answer_ids = rng.integers(0, 3, size=(b, n)).astype(np.int32)
+  if answer_ids is None:
+    answer_ids = rng.integers(0, 3, size=(b, n))
+  answer_ids = np.asarray(answer_ids, np.int32)
   correct = answer_ids == 0
   return rollout.Rollout(
       prompts=tuple(), tokens_rt=tokens, attention_mask_rt=prompt_mask | completion_mask,
@@ -90,12 +92,13 @@ def tiny(config, **overrides):
   return config
 
 
-def learn_once(config, *, mesh=None, seed=0, rollout_=None, ref=False):
+def learn_once(config, *, mesh=None, seed=0, rollout_=None, ref=False, answer_ids=None):
   derived = config_lib.validate(config)
   mesh = mesh or model.make_mesh((1, 1, 1))
   llama = tiny_llama(value_head=config.algorithm == "ppo")
   updater, learn_cfg, state = make_updater(config, llama, mesh, derived)
-  batch = rollout_ or fake_rollout(config.batch_prompts, derived.n, seed=seed)
+  batch = rollout_ or fake_rollout(config.batch_prompts, derived.n, seed=seed,
+                                   answer_ids=answer_ids)
   adv = rollout.advantages(batch, aggregator=config.aggregator, baseline=config.baseline,
                            k=config.k, p=config.p, beta=config.beta, scale=config.scale)
   ref_logp = None
@@ -143,14 +146,30 @@ def _pass_at_k_config(**overrides):
 
 def test_sparse_update_equals_dense():
   """pass@k leave-one-out at k = 8: at most one row per group trains; the update is the same."""
-  dense = learn_once(_pass_at_k_config(sparse_updates=False))
-  sparse_ = learn_once(_pass_at_k_config(sparse_updates=True))
+  answers = np.ones((4, 8), int)  # groups 0 and 2 have a unique correct completion
+  answers[0, 5] = answers[2, 0] = 0
+  answers[1] = 0  # all correct: no signal
+  dense = learn_once(_pass_at_k_config(sparse_updates=False), answer_ids=answers)
+  sparse_ = learn_once(_pass_at_k_config(sparse_updates=True), answer_ids=answers)
   assert dense[2]["update/rows_fraction"] == 1.0
-  assert 0 < sparse_[2]["update/rows_fraction"] <= 1 / 8
+  assert sparse_[2]["update/rows_fraction"] == 2 / 32
   assert max_abs_diff(dense[1].params, sparse_[1].params) < 1e-5
   assert max_abs_diff(dense[0], dense[1].params) > 1e-4  # the update did something
   np.testing.assert_allclose(sparse_[2]["loss/total"], dense[2]["loss/total"], rtol=1e-5,
                              atol=1e-7)
+
+
+def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
+  adv = np.zeros(128, np.float32)
+  adv[[3, 50, 77]] = [0.5, -1.0, 2.0]
+  selection = sparse.select_rows(adv, multiple=2)
+  assert selection.kept == 3 and list(selection.rows[:3]) == [3, 50, 77]
+  assert len(selection.rows) == 8 and selection.padding.tolist() == [False] * 3 + [True] * 5
+  assert {sparse.bucket_rows(kept, 128, 2) for kept in range(129)} == {8, 16, 32, 64, 128}
+  dense = sparse.select_rows(np.ones(128), multiple=2)
+  assert dense.rows.tolist() == list(range(128)) and not dense.padding.any()
+  assert sparse.needs_every_row("ppo", 0.0) and sparse.needs_every_row("pg", 0.1)
+  assert not sparse.needs_every_row("grpo", 0.0)
 
 
 def test_micro_batches_accumulate_to_the_full_batch_gradient():
@@ -211,7 +230,7 @@ def test_ppo_reuses_completions_off_policy_with_clipping():
     ({"micro_batch_size": 5}, "config.micro_batch_size"), ({"is_cap": 0.5}, "config.is_cap"),
     ({"loss_aggregation": "sum"}, "config.loss_aggregation"), ({"mesh": (1, 1)}, "config.mesh"),
     ({"learning_rate": -1.0}, "config.learning_rate"), ({"init_hf": ""}, "config.init_hf"),
-    ({"ppo_epochs": 2}, "config.ppo_epochs"), ({"eval.ks": (1, 32)}, "config.eval.ks"),
+    ({"ppo_epochs": 2}, "config.ppo_epochs"), ({"num_minibatches": 2}, "config.num_minibatches"), ({"eval.ks": (1, 32)}, "config.eval.ks"),
     ({"synthetic.levels": (1, 6)}, "config.synthetic.levels"), ({"resume": 1}, "config.resume"),
     ({"model.preset": "gpt2"}, "config.model.preset")])
 def test_bad_field_is_one_error_naming_it(overrides, field):

@@ -27,7 +27,7 @@ TINY = {
     "synthetic.levels": (1, 2), "synthetic.train_per_level": 24, "synthetic.test_per_level": 4,
     "batch_prompts": 4, "k": 4, "max_new_tokens": 8, "checkpoint_every": 1,
     "keep_checkpoints": 2, "sft_warmup.steps": 0, "eval.at_start": False, "eval.at_end": False,
-    "progress_bar": False, "learning_rate": 3e-2,
+    "progress_bar": False, "learning_rate": 3e-2, "sparse_updates": False,  # one update shape
 }
 
 
@@ -113,7 +113,7 @@ def _tiny_config(workdir, **overrides):
 
 def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_path, capsys):
   workdir = tmp_path / "run"
-  config = _tiny_config(workdir, num_steps=3, **{
+  config = _tiny_config(workdir, num_steps=3, sparse_updates=True, **{
       "sft_warmup.steps": 3, "sft_warmup.batch_size": 8, "eval.at_start": True,
       "eval.at_end": True, "eval.num_samples": 4, "eval.ks": (1, 2, 4), "eval.num_prompts": 6,
       "eval.batch_prompts": 4})

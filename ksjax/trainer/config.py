@@ -183,9 +183,10 @@ def validate(config: Any) -> Derived:
     raise ConfigError(f"config.scale={scale!r} is not accepted with algorithm='dr_grpo', which "
                       "does not divide by the group's standard deviation; expected 'none' (or "
                       "algorithm='grpo')")
-  if algorithm == "pg" and epochs > 1 and get(config, "is_cap") is None:
-    raise ConfigError("config.ppo_epochs > 1 with algorithm='pg' reuses completions off-policy; "
-                      "expected an importance-weight cap config.is_cap (e.g. 2.0) or ppo_epochs=1")
+  if algorithm == "pg" and (epochs > 1 or minibatches > 1) and get(config, "is_cap") is None:
+    raise ConfigError("config.ppo_epochs or config.num_minibatches > 1 with algorithm='pg' makes "
+                      "later optimizer steps off-policy; expected an importance-weight cap "
+                      "config.is_cap (e.g. 2.0), or ppo_epochs = num_minibatches = 1")
   del kl_coef
 
   rows = b * n

@@ -8,8 +8,8 @@ gathered into a smaller batch. Because every loss is a sum over tokens with weig
 the whole batch (`losses.token_weights`), the update is the same as the dense one.
 
 Shapes stay bounded: the kept rows are padded to a bucket, a power of two times the number of
-batch shards, capped at the dense size, so a run compiles at most log2(rows) + 1 update programs.
-Padding rows have no tokens (weight 0) and contribute 0.
+batch shards (at least MIN_ROWS), capped at the dense size, so a run compiles at most
+log2(rows / MIN_ROWS) + 1 update programs. Padding rows have no tokens (weight 0) and contribute 0.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import dataclasses
 
 import numpy as np
 
+# The smallest bucket: below it a row costs less than a compilation saves.
+MIN_ROWS = 8
+
 
 def needs_every_row(algorithm: str, kl_coef: float) -> bool:
   """Whether some loss term depends on rows whose advantage is 0: the value loss of PPO (its
@@ -25,13 +28,13 @@ def needs_every_row(algorithm: str, kl_coef: float) -> bool:
   return algorithm == "ppo" or kl_coef > 0
 
 
-def bucket_rows(kept: int, total: int, multiple: int = 1) -> int:
-  """The padded row count for `kept` rows: the smallest multiple * 2^j >= kept, capped at `total`
-  (the dense size, which is itself compiled anyway). At least `multiple` (one row per shard)."""
+def bucket_rows(kept: int, total: int, multiple: int = 1, min_rows: int = MIN_ROWS) -> int:
+  """The padded row count for `kept` rows: the smallest multiple * 2^j >= max(kept, min_rows),
+  capped at `total` (the dense size, which is itself compiled anyway)."""
   if total % multiple:
     raise ValueError(f"total={total} rows do not split over {multiple} batch shards")
   size = multiple
-  while size < kept:
+  while size < max(kept, min_rows):
     size *= 2
   return min(size, total)
 

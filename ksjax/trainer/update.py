@@ -120,7 +120,8 @@ def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossC
   if cfg.algorithm == "pg":
     is_rt = losses.truncated_is_weight(logp_rt, mb["behaviour_logp"], cfg.is_cap)
     loss_rt = losses.policy_gradient(logp_rt, mb["advantage"], is_rt)
-    ratio_rt = jnp.exp(jax.lax.stop_gradient(logp_rt) - mb["behaviour_logp"])
+    # How far the learner now is from the sampler (on-policy: their numerical mismatch).
+    log_ratio_rt = jax.lax.stop_gradient(logp_rt) - mb["behaviour_logp"]
   else:
     is_rt = losses.truncated_is_weight(mb["old_logp"], mb["behaviour_logp"], cfg.is_cap)
     advantage_r = mb["advantage"]
@@ -129,13 +130,13 @@ def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossC
     loss_rt, clipped_rt = losses.clipped_surrogate(logp_rt, mb["old_logp"], advantage_r, is_rt,
                                                    cfg.clip_eps)
     metrics["clipped_tokens"] = (clipped_rt * on_rt).sum()
-    ratio_rt = jnp.exp(mb["old_logp"] - mb["behaviour_logp"])
+    log_ratio_rt = mb["old_logp"] - mb["behaviour_logp"]  # the learner-sampler mismatch
   pg_loss = (weight_rt * loss_rt).sum()
   metrics["pg_loss"] = pg_loss
   metrics["is_weight_sum"] = (is_rt * on_rt).sum()
   if cfg.is_cap is not None:
-    metrics["is_truncated_tokens"] = ((ratio_rt > cfg.is_cap) * on_rt).sum()
-  metrics["log_ratio_abs_sum"] = (jnp.abs(jnp.log(ratio_rt)) * on_rt).sum()
+    metrics["is_truncated_tokens"] = ((log_ratio_rt > jnp.log(cfg.is_cap)) * on_rt).sum()
+  metrics["log_ratio_abs_sum"] = (jnp.abs(log_ratio_rt) * on_rt).sum()
   loss = pg_loss
   if cfg.algorithm == "ppo":
     values_r = prompt_values(llama, mb["tokens"], mb["attention_mask"], prompt_len)
@@ -163,7 +164,7 @@ class Updater:
   """
 
   def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-               loss_cfg: LossConfig, mesh: jax.sharding.Mesh, prompt_len_fn: Callable | None = None):
+               loss_cfg: LossConfig, mesh: jax.sharding.Mesh):
     self.graphdef = graphdef
     self.optimizer = optimizer
     self.loss_cfg = loss_cfg
@@ -219,12 +220,17 @@ class Updater:
            prompt_len: int) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a placed [M, m, ...] batch; returns the new state (the old one is
     donated) and metric sums: the micro-batch sums plus grad_norm and finite (0/1)."""
+    return self.step_program(state, batch, prompt_len)(state, batch)
+
+  def step_program(self, state: TrainState, batch: Mapping[str, jax.Array], prompt_len: int):
+    """The jitted update for this batch shape (built once per shape; `.lower()` it to inspect
+    the compiled program, e.g. its FLOP count)."""
     key = (prompt_len, tuple(sorted((k, v.shape) for k, v in batch.items())))
     if key not in self._steps:
-      self._steps[key] = self._compile_step(state, batch, prompt_len)
-    return self._steps[key](state, batch)
+      self._steps[key] = self._build_step(state, batch, prompt_len)
+    return self._steps[key]
 
-  def _compile_step(self, state: TrainState, batch, prompt_len: int):
+  def _build_step(self, state: TrainState, batch, prompt_len: int):
     graphdef, optimizer, cfg = self.graphdef, self.optimizer, self.loss_cfg
 
     def micro_loss(params, mb):
