@@ -11,6 +11,9 @@ pass@k, maj@k and the mean reward (estimators.py), and write the step's record, 
 the figures (results.py, plots.py). A checkpoint already evaluated with the same sampling
 settings is read back instead of evaluated again.
 
+Across hosts (`ksjax.distributed`): every process runs the binary with the same config, the
+mesh spans all of them, each scores its share of the problems, and process 0 writes the files.
+
 With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
 it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
 (keep_checkpoints), so one that disappears before it is read is skipped with a warning.
@@ -27,7 +30,7 @@ from typing import Any
 
 import jax
 
-from ksjax import model
+from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import checkpoints, plots, results
 from ksjax.evaluation import settings as settings_lib
@@ -41,13 +44,8 @@ from ksjax.trainer import tasks as trainer_tasks
 EVAL_DIR = "eval"
 
 
-def _is_writer() -> bool:
-  """Every JAX process evaluates (the sampler is a collective program); process 0 writes."""
-  return jax.process_index() == 0
-
-
 def _say(message: str) -> None:
-  if _is_writer():
+  if distributed.is_writer():
     print(message, flush=True)
 
 
@@ -126,7 +124,7 @@ class Evaluator:
         correct_gn=out.correct, answer_ids_gn=out.answer_ids, rewards_gn=out.rewards,
         seconds=seconds)
     self.records[step] = record
-    if _is_writer():
+    if distributed.is_writer():
       results.save_step(self.output_dir, record)
     self.save_summaries()
     self.sampled += 1
@@ -137,7 +135,7 @@ class Evaluator:
     return record
 
   def save_summaries(self, averaged: dict | None = None) -> None:
-    if not _is_writer():
+    if not distributed.is_writer():
       return
     records = [self.records[step] for step in sorted(self.records)]
     results.save_summaries(self.output_dir, records, averaged)
@@ -162,6 +160,7 @@ def _prompts(task: Task, s: Settings) -> list[Prompt]:
 
 def run(config: Any) -> None:
   """Evaluates the checkpoints `config` names (see configs/eval.py for every field)."""
+  distributed.initialize()  # joins the other hosts' processes, if any: before any computation
   s = settings_lib.validate(config)
   run_dir = checkpoints.locate(s.checkpoint_dir)
   available = checkpoints.steps(run_dir)
@@ -172,7 +171,7 @@ def run(config: Any) -> None:
   # Watch mode takes every checkpoint there is and every one to come.
   selected = (available if s.watch else
               settings_lib.select_steps(s.steps, available, run_dir.steps_dir))
-  task = trainer_tasks.make_task(config.run)
+  task = distributed.ShardedScoring(trainer_tasks.make_task(config.run))
   try:
     prompts = _prompts(task, s)
     mesh = model.make_mesh(s.mesh)
@@ -181,7 +180,7 @@ def run(config: Any) -> None:
     evaluator = Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
     for step in selected:  # every selected checkpoint fits before anything is written
       evaluator.check(step)
-    if _is_writer():
+    if distributed.is_writer():
       os.makedirs(output_dir, exist_ok=True)
     _say(f"evaluating {run_dir.steps_dir}: {len(prompts)} {s.split} problems x {s.num_samples} "
          f"samples (temperature {s.temperature}, top-p {s.top_p}), {cfg.num_params:,} "
