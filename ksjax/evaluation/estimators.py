@@ -1,4 +1,4 @@
-"""Unbiased pass@k and maj@k from n samples per problem, and the mean reward: pure numpy.
+"""Unbiased pass@k and maj@k from n samples per problem, and the mean reward (numpy, scipy).
 
 Evaluation draws n >= k completions per problem and reports what k completions would achieve,
 averaged over every k-subset of the n (an unbiased U-statistic, with far less variance than
