@@ -12,6 +12,7 @@ INSTALL_REQUIRES = [
     "numpy>=1.26",
     "math-verify>=0.9,<0.10",  # ksjax.tasks.math_checker patches its exact-number comparison
     "sympy>=1.12",
+    "scipy>=1.11",  # ksjax.evaluation.estimators
     "tensorflow-datasets>=4.9.8",
     "array-record>=0.7",
     "grain>=0.2.10",
@@ -26,6 +27,7 @@ INSTALL_REQUIRES = [
 TEST_REQUIRES = [
     "pytest>=8",
     "pytest-xdist>=3.5",
+    "filelock>=3.12",  # tests share one tiny trainer run across xdist workers
     "hypothesis>=6.100",
     # torch and transformers are the numerical reference in tests and benchmarks only.
     # torch is pinned: a CPU build of exactly this version is what pip finds without CUDA wheels.
