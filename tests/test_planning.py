@@ -115,7 +115,27 @@ def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
   assert 2 * b.params == a.params
 
 
-def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives(monkeypatch):
+def test_deep_models_are_compiled_at_two_depths_and_continued_on_their_line():
+  compiled = []
+
+  def fake_compile(cfg):  # bytes affine in depth, as a stack of identical blocks is
+    compiled.append(cfg.num_layers)
+    d = cfg.num_layers
+    return planning.ProgramMemory(arguments=100 * d + 7, outputs=50 * d, aliased=40 * d,
+                                  temps=1000 * d + 3)
+
+  cfg = planning.model.preset("tiny", num_layers=32)
+  got = planning._by_depth(fake_compile, cfg)  # pylint: disable=protected-access
+  assert compiled == list(planning.PROBE_DEPTHS)
+  assert got == fake_compile(cfg)
+  shallow = planning.model.preset("tiny", num_layers=planning.EXACT_DEPTH)
+  compiled.clear()
+  assert planning._by_depth(fake_compile, shallow) == fake_compile(shallow)  # pylint: disable=protected-access
+  assert compiled == [planning.EXACT_DEPTH] * 2  # compiled whole (and once more above)
+
+
+@pytest.mark.slow  # three compiles of the update; the arithmetic is covered above
+def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives():
   config = small_config()
   config.model.num_layers = 6
   cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
