@@ -127,6 +127,8 @@ def validate(config: Any) -> Derived:
   for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                 "intermediate_size"):
     integer(config, f"model.{field}", lo=1, allow_none=True)
+  if get(config, "model.tie_embeddings") is not None:
+    _boolean(config, "model.tie_embeddings")
   choice(config, "model.dtype", model_config.DTYPES)
   _boolean(config, "model.remat")
   mesh = _int_tuple(config, "mesh", length=3)

@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.num_kv_heads = config_dict.placeholder(int)
   c.model.head_dim = config_dict.placeholder(int)
   c.model.intermediate_size = config_dict.placeholder(int)
+  c.model.tie_embeddings = config_dict.placeholder(bool)  # None: the preset's
   c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
   c.model.remat = False  # rematerialise decoder blocks in the backward pass
   c.mesh = (-1, 1, 1)  # (data, fsdp, tensor) device counts; -1: the remaining devices

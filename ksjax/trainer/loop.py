@@ -38,7 +38,8 @@ from flax import nnx
 
 from ksjax import distributed, model, planning
 from ksjax.config_validation import ConfigError
-from ksjax.trainer import checkpointing, evaluation, learner, metrics, rollout, sparse, tasks
+from ksjax.trainer import checkpointing, evaluation, learner, metrics, policy, rollout, sparse
+from ksjax.trainer import tasks
 from ksjax.trainer import config as config_lib
 from ksjax.trainer import update as update_lib
 from ksjax.trainer import warmup
@@ -47,51 +48,6 @@ from ksjax.trainer import warmup
 def _say(message: str) -> None:
   if jax.process_index() == 0:
     print(message, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------------------------
-
-def with_value_head(llama: model.Llama) -> model.Llama:
-  """`llama` with a scalar value head added (zero-initialised, so V(x) = 0 at the start)."""
-  if llama.cfg.value_head:
-    return llama
-  cfg = dataclasses.replace(llama.cfg, value_head=True)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0))))
-  loaded = dict(nnx.to_flat_state(nnx.state(llama)))
-  flat = {}
-  for path, variable in nnx.to_flat_state(abstract):
-    value = loaded[path][...] if path in loaded else jnp.zeros(variable.shape, variable.dtype)
-    flat[path] = variable.replace(value)
-  return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
-
-def build_model(config: Any, vocab_size: int, mesh: jax.sharding.Mesh) -> model.Llama:
-  """The starting policy: from config.init_hf, config.init_checkpoint or a fresh preset."""
-  dtype = config.model.dtype
-  try:
-    if config.init_hf:
-      llama, _ = model.load_hf(config.init_hf, mesh, dtype=dtype)
-    elif config.init_checkpoint:
-      llama, _ = model.load_checkpoint(config.init_checkpoint, mesh, dtype=dtype)
-    else:
-      overrides = {f: config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
-                                                "num_kv_heads", "head_dim", "intermediate_size")
-                   if config.model[f] is not None}
-      cfg = model.preset(config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
-                         dtype=dtype, remat=config.model.remat, **overrides)
-      llama = distributed.create_sharded(lambda: model.Llama(cfg, rngs=nnx.Rngs(config.seed)),
-                                         mesh)
-  except (FileNotFoundError, model.CheckpointError) as e:
-    field = "init_hf" if config.init_hf else "init_checkpoint"
-    raise ConfigError(f"config.{field}: {e}") from None
-  if llama.cfg.vocab_size < vocab_size:
-    raise ConfigError(f"the model's vocab_size={llama.cfg.vocab_size} is smaller than the task "
-                      f"tokenizer's {vocab_size}; expected a model for this tokenizer")
-  if config.algorithm == "ppo":
-    llama = model.shard(with_value_head(llama), mesh)
-  return llama
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +109,7 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
   config_lib.check_mesh(derived, batch_shards)
   planning.check_fits(config, vocab_size=tokenizer.vocab_size)  # before allocating (not on CPU)
-  llama = build_model(config, tokenizer.vocab_size, mesh)
+  llama = policy.build_model(config, tokenizer.vocab_size, mesh)
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "
        f"{llama.cfg.hidden_size}; mesh {dict(mesh.shape)} on {jax.device_count()} "
        f"{jax.devices()[0].platform} device(s)")
@@ -238,8 +194,8 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
       state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
       seed = int(jax.random.randint(sample_key, (), 0, 2**31 - 1))
       timer.lap("time/other")
-      policy = nnx.merge(graphdef, state.params)
-      out = rollout.sample(policy, prompts, num_samples=derived.n,
+      current = nnx.merge(graphdef, state.params)
+      out = rollout.sample(current, prompts, num_samples=derived.n,
                            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                            top_p=config.top_p, top_k=config.top_k, seed=seed, eos_ids=eos_ids,
                            pad_id=tokenizer.pad_id, mesh=mesh)
@@ -287,13 +243,13 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
   skipped = int(state.skipped)
   if skipped:
     _say(f"{skipped} update(s) had a non-finite loss or gradient and were skipped")
-  policy = nnx.merge(graphdef, state.params)
+  final = nnx.merge(graphdef, state.params)
   final_dir = os.path.join(workdir, "final")
   if not os.path.isdir(final_dir):
-    model.save_checkpoint(final_dir, policy)
+    model.save_checkpoint(final_dir, final)
   if config.eval.at_end:
     _say("held-out evaluation of the final policy...")
-    result = _eval(config, derived, policy, task, mesh, seed=config.seed + 1)
+    result = _eval(config, derived, final, task, mesh, seed=config.seed + 1)
     evaluation.save(os.path.join(workdir, "eval_end.json"), result)
     start_path = os.path.join(workdir, "eval_start.json")
     start = evaluation.load_metrics(start_path) if os.path.exists(start_path) else None
