@@ -34,7 +34,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
@@ -101,8 +100,7 @@ def initialize() -> None:
   try:
     jax.distributed.initialize()  # TPU pods, SLURM, Open MPI, Kubernetes
   except ValueError:
-    # JAX found no cluster environment (it then asks for a coordinator address): one process.
-    logging.info("no multi-process environment found; running as one process")
+    pass  # JAX found no cluster environment (it asks for a coordinator address): one process
 
 
 def is_writer() -> bool:
