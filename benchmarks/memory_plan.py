@@ -1,11 +1,14 @@
-"""Memory plans of the paper's accelerator configs on 8, 64 and 256 devices, as one table.
+"""Memory plans of the paper's accelerator configs on 8, 64 and 256 devices, as tables.
 
-  python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]
+  python benchmarks/memory_plan.py --exact [--devices=8,64,256]     # seconds
+  python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]  # an hour on 2 cores
 
-Each plan runs `python -m ksjax.tools.plan --fake_devices=N` in its own process (a process has
-one device count) and writes JSON; this script prints a Markdown table of the per-device bytes
-and whether each fits 16, 32, 80 and 95 GB devices. Compiling for 256 fake CPU devices takes
-minutes per config. See `ksjax.planning` for what the numbers are and what they assume.
+--exact: the parts of the plan that follow from shapes and shardings alone (parameters, AdamW,
+reference policy, KV cache) on device-free meshes, and from them the largest sampling batch each
+device size can hold; no program is compiled. Without it: full plans, each
+`python -m ksjax.tools.plan --fake_devices=N` in its own process (a process has one device
+count), written as JSON and summarised in a Markdown table with the compiled update and sampler
+programs. See `ksjax.planning` for what the numbers are and what they assume.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl import app, flags
 
-from ksjax import model
+from ksjax import model, planning
 
 _DEVICES = flags.DEFINE_list("devices", ["8", "64", "256"], "Device counts to plan for.")
 _OUT = flags.DEFINE_string("out", "memory_plans", "Directory for the plans' JSON files.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Longest prompt, tokens.")
+_EXACT = flags.DEFINE_bool("exact", False, "Only the exact parts, on abstract meshes.")
 _ROWS_PER_DEVICE = flags.DEFINE_integer(
     "rows_per_device", None, "Micro-batch rows per batch shard; default: the config's "
     "micro_batch_size, raised to one row per shard where the mesh has more shards.")
@@ -83,8 +88,38 @@ def row(name: str, devices: int, p: dict) -> str:
           f"{gib(p['phases']['eval'])} | {gib(p['peak'])} | " + " | ".join(fits) + " |")
 
 
+def exact_table() -> str:
+  """Per-device state and the KV-cache bound on rows sampled at once, for each config."""
+  header = ("| config | devices (data x fsdp x tensor) | params + AdamW + reference | KV cache of "
+            "one row, per device (context) | " + " | ".join(
+                f"max rows sampled at once, {gb} GB" for gb in MEMORY_GB) + " |")
+  lines = [header, "|" + "---|" * (4 + len(MEMORY_GB))]
+  for name, (path, preset) in CONFIGS.items():
+    config = load_config(os.path.join(ROOT, path))
+    config.init_hf = hf_config_dir(preset, tempfile.mkdtemp())
+    for devices in map(int, _DEVICES.value):
+      cfg, mesh = planning.resolve(config, devices, vocab_size=model.preset(preset).vocab_size)
+      held = planning.state_bytes(config, cfg, mesh)
+      state = held.params + held.optimizer + held.reference
+      context = _PROMPT_LEN.value + config.max_new_tokens - 1
+      shards = mesh.shape["data"] * mesh.shape["fsdp"]
+      # Rows are split over the batch shards: with one row per shard, a device holds one
+      # row's cache (its share of the kv heads under tensor parallelism).
+      per_row = planning.kv_cache_bytes(cfg, mesh, rows=shards, cache_len=context)
+      rows = [max(0, int((planning.USABLE_FRACTION * gb * 1e9 - state) // per_row)) * shards
+              for gb in MEMORY_GB]
+      mesh_text = "x".join(str(v) for v in mesh.shape.values())
+      lines.append(f"| {name} | {devices} ({mesh_text}) | {state / GIB:.2f} GiB | "
+                   f"{per_row / 2**20:.1f} MiB ({context}) | " + " | ".join(
+                       f"{r:,}" if r else "state does not fit" for r in rows) + " |")
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
+  if _EXACT.value:
+    print(exact_table())
+    return
   os.makedirs(_OUT.value, exist_ok=True)
   header = ("| config | devices (data x fsdp x tensor) | params | AdamW | reference | update "
             "activations | KV cache | peak update / sampling / eval | peak | "

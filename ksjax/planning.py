@@ -375,11 +375,29 @@ class StateBytes:
   reference: int   # the frozen reference policy, a copy of the parameters
 
 
-def resolve(config: Any, devices: Sequence[jax.Device] | None = None,
-            vocab_size: int | None = None) -> tuple[model.LlamaConfig, jax.sharding.Mesh]:
-  """The model config and mesh a trainer run of `config` would have; ConfigError if invalid."""
+def abstract_mesh(shape: Sequence[int], num_devices: int) -> jax.sharding.AbstractMesh:
+  """A device-free ("data", "fsdp", "tensor") mesh of `shape` (one entry may be -1: the rest of
+  `num_devices`), enough for the exact parts of a plan (shardings' shard shapes)."""
+  shape = tuple(int(s) for s in shape)
+  known = math.prod(s for s in shape if s != -1)
+  if num_devices % known:
+    raise ConfigError(f"config.mesh={shape!r} does not divide {num_devices} devices")
+  shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  return jax.sharding.AbstractMesh(shape, sharding.AXES,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def resolve(config: Any, devices: Sequence[jax.Device] | int | None = None,
+            vocab_size: int | None = None) -> tuple[model.LlamaConfig, Any]:
+  """The model config and mesh a trainer run of `config` would have; ConfigError if invalid.
+
+  `devices` may be a device count: the mesh is then abstract (exact parts only, no compiling).
+  """
   trainer_config.validate(config)
-  mesh = sharding.make_mesh(tuple(config.mesh), devices)
+  if isinstance(devices, int):
+    mesh = abstract_mesh(config.mesh, devices)
+  else:
+    mesh = sharding.make_mesh(tuple(config.mesh), devices)
   cfg = model_config(config, vocab_size or vocab_size_of(config))
   sharding.check_divisible(cfg, mesh)
   return cfg, mesh
@@ -527,6 +545,6 @@ def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> Me
   return check(plan(config, **plan_args), device_memory)
 
 
-__all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "check", "check_fits",
+__all__ = ["abstract_mesh", "MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "check", "check_fits",
            "device_bytes", "device_memory_bytes", "kv_cache_bytes", "model_config", "plan",
            "prompt_len_of", "resolve", "state_bytes", "vocab_size_of"]
