@@ -57,6 +57,9 @@ PORT=12355
 MAIN_ARGS=()
 
 while [[ $# -gt 0 ]]; do
+  if [[ "$1" == --?*=* ]]; then  # --option=value is --option value
+    set -- "${1%%=*}" "${1#*=}" "${@:2}"
+  fi
   case "$1" in
     --scheduler) SCHEDULER=${2:?--scheduler needs a value}; shift 2 ;;
     --config) CONFIG=${2:?--config needs a value}; shift 2 ;;

@@ -54,6 +54,9 @@ DRY_RUN=0
 MAIN_ARGS=()
 
 while [[ $# -gt 0 ]]; do
+  if [[ "$1" == --?*=* ]]; then  # --option=value is --option value
+    set -- "${1%%=*}" "${1#*=}" "${@:2}"
+  fi
   case "$1" in
     --name) NAME=${2:?--name needs a value}; shift 2 ;;
     --zone) ZONE=${2:?--zone needs a value}; shift 2 ;;

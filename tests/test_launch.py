@@ -78,7 +78,7 @@ def test_tpu_dry_run_prints_every_command_and_runs_none(fake_gcloud, tmp_path):
   assert not log.exists()  # nothing ran
   assert not os.path.exists(tarball)
 
-  stop = launch(TPU, "stop", "--name", "pod1", "--zone", "us-central2-b", "--project", "proj",
+  stop = launch(TPU, "stop", "--name=pod1", "--zone=us-central2-b", "--project=proj",  # --a=b
                 "--dry_run", env=env)
   assert commands(stop.stdout) == [shlex.join(
       [*ssh, "--command=if [ -f ksjax.pid ]; then kill $(cat ksjax.pid) 2>/dev/null; "
