@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -48,12 +47,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.model import checkpoint as model_checkpoint
-from ksjax.model import hf_io, sharding
+from ksjax.model import sharding
 from ksjax.sampling import batching
 from ksjax.sampling import sampler as sampler_lib
 from ksjax.sampling.config import SamplerConfig
 from ksjax.trainer import config as trainer_config
+from ksjax.trainer import policy
 from ksjax.trainer import update as update_lib
 
 # Models with at most this many layers are compiled whole; deeper ones at `PROBE_DEPTHS`.
@@ -118,7 +117,7 @@ class ProgramMemory:
 def vocab_size_of(config: Any) -> int:
   """The vocabulary the trainer's model will have: the checkpoint's, else the task tokenizer's."""
   if config.init_hf or config.init_checkpoint:
-    return model_config(config, vocab_size=1).vocab_size
+    return policy.policy_config(config, vocab_size=1).vocab_size
   if config.task == "synthetic":
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.make_tokenizer().vocab_size
@@ -134,31 +133,6 @@ def prompt_len_of(config: Any) -> int:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.max_prompt_chars() + 1  # one token per character, and BOS
   return DEFAULT_PROMPT_LEN
-
-
-def model_config(config: Any, vocab_size: int) -> model.LlamaConfig:
-  """The LlamaConfig `ksjax.trainer.loop.build_model` would build, from config files only."""
-  dtype = config.model.dtype
-  try:
-    # The shapes of a checkpoint come from its config; dtype and remat from the run's config.
-    if config.init_hf:
-      cfg = dataclasses.replace(hf_io.read_config(config.init_hf, dtype),
-                                remat=config.model.remat)
-    elif config.init_checkpoint:
-      cfg = dataclasses.replace(model_checkpoint.load_config(config.init_checkpoint),
-                                param_dtype=dtype, dtype=dtype, remat=config.model.remat)
-    else:
-      overrides = {f: config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
-                                                "num_kv_heads", "head_dim", "intermediate_size")
-                   if config.model[f] is not None}
-      cfg = model.preset(config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
-                         dtype=dtype, remat=config.model.remat, **overrides)
-  except (FileNotFoundError, json.JSONDecodeError, model.CheckpointError) as e:
-    field = "init_hf" if config.init_hf else "init_checkpoint"
-    raise ConfigError(f"config.{field}: {e}") from None
-  if config.algorithm == "ppo":
-    cfg = dataclasses.replace(cfg, value_head=True)
-  return cfg
 
 
 def abstract_params(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, Any]:
@@ -398,7 +372,7 @@ def resolve(config: Any, devices: Sequence[jax.Device] | int | None = None,
     mesh = abstract_mesh(config.mesh, devices)
   else:
     mesh = sharding.make_mesh(tuple(config.mesh), devices)
-  cfg = model_config(config, vocab_size or vocab_size_of(config))
+  cfg = policy.policy_config(config, vocab_size or vocab_size_of(config))
   sharding.check_divisible(cfg, mesh)
   return cfg, mesh
 
@@ -545,6 +519,6 @@ def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> Me
   return check(plan(config, **plan_args), device_memory)
 
 
-__all__ = ["abstract_mesh", "MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "check", "check_fits",
-           "device_bytes", "device_memory_bytes", "kv_cache_bytes", "model_config", "plan",
+__all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "abstract_mesh", "check",
+           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan",
            "prompt_len_of", "resolve", "state_bytes", "vocab_size_of"]
