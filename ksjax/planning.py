@@ -258,6 +258,15 @@ def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, rows: int,
   return device_bytes(placed)
 
 
+def sampler_caches(cfg: model.LlamaConfig, mesh: Any, shapes: Shapes) -> tuple[int, int]:
+  """Per-device KV-cache bytes of the training sampler's and the evaluation sampler's calls."""
+  cache_len = lambda new: shapes.prompt_len + new - 1  # the sampler's S
+  return (kv_cache_bytes(cfg, mesh, shapes.sample_prompts * shapes.samples,
+                         cache_len(shapes.max_new_tokens)),
+          kv_cache_bytes(cfg, mesh, shapes.eval_prompts * shapes.eval_samples,
+                         cache_len(shapes.eval_max_new_tokens)))
+
+
 def _by_depth(fn, cfg: model.LlamaConfig):
   """fn(cfg) for the model's depth: compiled whole, or at PROBE_DEPTHS and extrapolated."""
   if cfg.num_layers <= EXACT_DEPTH:
@@ -406,6 +415,7 @@ def plan(config: Any, *, devices: Sequence[jax.Device] | None = None,
   shapes = plan_shapes(config, mesh, prompt_len)
   held = state_bytes(config, cfg, mesh)
   update = _by_depth(lambda c: compile_update(config, c, mesh, shapes), cfg)
+
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
     return _by_depth(lambda c: compile_sampler(c, mesh, prompts=prompts, samples=samples,
@@ -415,15 +425,11 @@ def plan(config: Any, *, devices: Sequence[jax.Device] | None = None,
   prefill, decode = sampler(shapes.sample_prompts, shapes.samples, shapes.max_new_tokens)
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
                                       shapes.eval_max_new_tokens)
-  cache_len = lambda new: shapes.prompt_len + new - 1  # the sampler's S
+  train_cache, eval_cache = sampler_caches(cfg, mesh, shapes)
   return MemoryPlan(
       model=cfg, mesh=dict(mesh.shape), platform=mesh.devices.flat[0].platform, shapes=shapes,
       params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
-      kv_cache=kv_cache_bytes(cfg, mesh, shapes.sample_prompts * shapes.samples,
-                              cache_len(shapes.max_new_tokens)),
-      prefill=prefill, decode=decode,
-      eval_kv_cache=kv_cache_bytes(cfg, mesh, shapes.eval_prompts * shapes.eval_samples,
-                                   cache_len(shapes.eval_max_new_tokens)),
+      kv_cache=train_cache, prefill=prefill, decode=decode, eval_kv_cache=eval_cache,
       eval_prefill=eval_prefill, eval_decode=eval_decode,
       extrapolated=cfg.num_layers > EXACT_DEPTH)
 
@@ -520,5 +526,5 @@ def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> Me
 
 
 __all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "abstract_mesh", "check",
-           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan",
+           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan", "sampler_caches",
            "prompt_len_of", "resolve", "state_bytes", "vocab_size_of"]

@@ -155,26 +155,28 @@ def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
     planning.plan(small_config(), prompt_len=0, vocab_size=VOCAB)
 
 
-def test_the_command_line_tool_plans_on_fake_devices_and_refuses_bad_configs(tmp_path):
+def test_the_command_line_tool_on_fake_devices(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  config = os.path.join(root, "configs", "pass_at_k.py")
-  small = ["--config.batch_prompts=4", "--config.k=2", "--config.max_new_tokens=8",
-           "--config.eval.batch_prompts=4", "--config.eval.num_samples=2",
-           "--config.eval.ks=(1,2)", "--prompt_len=10"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = tmp_path / "plan.json"
-  done = subprocess.run(
-      [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}", "--fake_devices=4",
-       "--config.mesh=(1,4,1)", f"--json_out={out}", *small],
-      capture_output=True, text=True, cwd=root, env=env, timeout=120, check=False)
-  assert done.returncode == 0, done.stderr
-  assert "data=1 x fsdp=4 x tensor=1 (4 cpu devices" in done.stdout
-  assert out.exists()
-  bad = subprocess.run(
-      [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}", *small, "--config.k=0"],
-      capture_output=True, text=True, cwd=root, env=env, timeout=120, check=False)
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device by default
+  tool = [sys.executable, "-m", "ksjax.tools.plan",
+          f"--config={os.path.join(root, 'configs', 'pass_at_k.py')}", "--fake_devices=4",
+          "--config.batch_prompts=4", "--config.k=2", "--config.max_new_tokens=8",
+          "--config.eval.batch_prompts=4", "--config.eval.num_samples=2",
+          "--config.eval.ks=(1,2)", "--prompt_len=10"]
+  run = lambda *flags: subprocess.run([*tool, *flags], capture_output=True, text=True, cwd=root,
+                                      env=env, timeout=120, check=False)
+  exact = run("--exact_only", "--config.mesh=(1,4,1)")
+  assert exact.returncode == 0, exact.stderr
+  assert "data=1 x fsdp=4 x tensor=1 (4 devices; exact parts only" in exact.stdout
+  params = TINY_PARAMS * F32 // 4  # the synthetic task's tokenizer has 100 symbols
+  assert f"parameters                {params / 2**30:10.2f} GiB" in exact.stdout
+  # The compiling path really gets 4 devices: a tensor axis of 4 is refused for 2 kv heads
+  # (with one device the mesh itself would be refused), in one line and with status 2.
+  bad = run("--config.mesh=(1,1,4)")
   assert bad.returncode == 2
-  assert bad.stderr.strip().splitlines()[-1].startswith("plan: bad config: config.k=0")
+  assert bad.stderr.strip().splitlines()[-1] == (
+      "plan: bad config: mesh axis 'tensor' of size 4 does not divide "
+      "LlamaConfig.num_kv_heads=2; choose a mesh whose tensor size divides it")
 
 
 def test_on_cpu_the_start_up_check_plans_nothing(monkeypatch):

@@ -6,8 +6,11 @@
 
 `--fake_devices=N` plans on N CPU devices (hardware you do not have); without it the plan uses the
 devices of this machine, so on a TPU VM or GPU host it reports that backend's compiled programs.
-`--memory_gb` lists device sizes to judge the plan against; `--json_out` writes the numbers. A
-bad config prints one line naming the field and exits with status 2. See `ksjax.planning`.
+`--exact_only` prints only what follows from shapes and shardings (parameters, optimizer state,
+reference, KV caches) on a device-free mesh of --fake_devices (or this machine's) devices: no
+program is compiled, so any device count takes seconds. `--memory_gb` lists device sizes to judge
+the plan against; `--json_out` writes the numbers. A bad config prints one line naming the field
+and exits with status 2. See `ksjax.planning`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _PROMPT_LEN = flags.DEFINE_integer(
     f"{planning.DEFAULT_PROMPT_LEN}.", lower_bound=1)
 _MEMORY_GB = flags.DEFINE_list(
     "memory_gb", ["16", "32", "80", "95"], "Device memory sizes (GB, 1e9 bytes) to judge against.")
+_EXACT_ONLY = flags.DEFINE_bool(
+    "exact_only", False, "Only the parts exact from shapes and shardings; compile nothing.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the plan as JSON to this file.")
 
 
@@ -43,6 +48,27 @@ def plan_json(memory_plan: planning.MemoryPlan) -> dict:
   out.update(phases=memory_plan.phases, peak=memory_plan.peak,
              update_activations=memory_plan.update_activations)
   return out
+
+
+def exact_text(config, devices: int, prompt_len: int | None) -> str:
+  """Parameters, optimizer state, reference and KV caches per device on a device-free mesh."""
+  cfg, mesh = planning.resolve(config, devices)
+  shapes = planning.plan_shapes(config, mesh, prompt_len or planning.prompt_len_of(config))
+  held = planning.state_bytes(config, cfg, mesh)
+  train_cache, eval_cache = planning.sampler_caches(cfg, mesh, shapes)
+  mesh_text = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+  gib = lambda b: f"{b / planning.GIB:10.2f} GiB"
+  return "\n".join([
+      f"model: {cfg.num_params / 1e9:.2f}B parameters, {cfg.num_layers} layers, {cfg.param_dtype}",
+      f"mesh: {mesh_text} ({devices} devices; exact parts only, nothing compiled)",
+      "per device:",
+      f"  parameters                {gib(held.params)}",
+      f"  optimizer state (AdamW)   {gib(held.optimizer)}",
+      f"  reference policy          {gib(held.reference)}",
+      f"  sampler KV cache          {gib(train_cache)} ({shapes.sample_prompts} prompts x "
+      f"{shapes.samples}, {shapes.prompt_len} + {shapes.max_new_tokens} tokens)",
+      f"  eval KV cache             {gib(eval_cache)} ({shapes.eval_prompts} prompts x "
+      f"{shapes.eval_samples}, {shapes.prompt_len} + {shapes.eval_max_new_tokens} tokens)"])
 
 
 def main(argv):
@@ -57,10 +83,14 @@ def main(argv):
     print(f"plan: --memory_gb={','.join(_MEMORY_GB.value)} is not accepted; expected numbers",
           file=sys.stderr)
     sys.exit(2)
-  if _FAKE_DEVICES.value:  # before anything asks jax for its devices
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
   try:
+    if _EXACT_ONLY.value:
+      print(exact_text(_CONFIG.value, _FAKE_DEVICES.value or jax.device_count(),
+                       _PROMPT_LEN.value))
+      return
+    if _FAKE_DEVICES.value:  # before anything asks jax for its devices
+      jax.config.update("jax_platforms", "cpu")
+      jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
     memory_plan = planning.plan(_CONFIG.value, prompt_len=_PROMPT_LEN.value)
   except ConfigError as e:
     print(f"plan: bad config: {e}", file=sys.stderr)
