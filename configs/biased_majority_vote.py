@@ -4,7 +4,7 @@ from ksjax.trainer import defaults
 
 
 def get_config():
-  config = defaults.base_config()
+  config = defaults.embedded_task_config()
   config.workdir = "runs/biased_majority_vote"
   config.aggregator = "majority_vote"
   config.baseline = "loo_demeaned"

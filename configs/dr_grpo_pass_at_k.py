@@ -5,7 +5,7 @@ from ksjax.trainer import defaults
 
 
 def get_config():
-  config = defaults.base_config()
+  config = defaults.embedded_task_config()
   config.workdir = "runs/dr_grpo_pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo_demeaned"

@@ -4,7 +4,7 @@ from ksjax.trainer import defaults
 
 
 def get_config():
-  config = defaults.base_config()
+  config = defaults.embedded_task_config()
   config.workdir = "runs/mean"
   config.aggregator = "mean"
   config.baseline = "loo"

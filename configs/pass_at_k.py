@@ -11,7 +11,7 @@ from ksjax.trainer import defaults
 
 
 def get_config():
-  config = defaults.base_config()
+  config = defaults.embedded_task_config()
   config.workdir = "runs/pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo"

@@ -254,3 +254,33 @@ def test_unknown_field_is_refused():
     config_lib.validate(config)
 
 
+
+
+def test_policy_starts_from_hugging_face_or_orbax_with_a_zero_value_head_for_ppo(tmp_path):
+  from ksjax.trainer import defaults, policy  # pylint: disable=g-import-not-at-top
+  llama = tiny_llama(seed=3)
+  hf_dir, orbax_dir = str(tmp_path / "hf"), str(tmp_path / "orbax")
+  model.save_hf(llama, llama.cfg, hf_dir)
+  model.save_checkpoint(orbax_dir, llama)
+  expected = dict(nnx.to_flat_state(nnx.state(llama)))
+  mesh = model.make_mesh((1, 1, 1))
+  for field, path in (("init_hf", hf_dir), ("init_checkpoint", orbax_dir)):
+    for algorithm in ("pg", "ppo"):
+      config = defaults.base_config()
+      config[field] = path
+      config.algorithm = algorithm
+      got = dict(nnx.to_flat_state(nnx.state(policy.build_model(config, VOCAB, mesh))))
+      assert policy.policy_config(config, VOCAB).value_head == (algorithm == "ppo")
+      for name, variable in expected.items():
+        np.testing.assert_array_equal(got[name][...], variable[...])
+      if algorithm == "ppo":
+        np.testing.assert_array_equal(got[("value_head",)][...], 0.0)
+      else:
+        assert ("value_head",) not in got
+  config = defaults.base_config()
+  config.init_hf = str(tmp_path / "missing")
+  with pytest.raises(ConfigError, match="config.init_hf"):
+    policy.build_model(config, VOCAB, mesh)
+  config.init_hf = hf_dir
+  with pytest.raises(ConfigError, match="vocab_size=32 is smaller"):
+    policy.build_model(config, VOCAB + 1, mesh)

@@ -104,14 +104,13 @@ def load_metrics(path: str) -> dict[str, float]:
 
 
 def table(start: dict[str, float] | None, end: dict[str, float], ks: Sequence[int],
-          levels: Sequence[Any] = ()) -> str:
-  """A fixed-width table: one row per metric (and per level for pass@1 and pass@max k), columns
-  start / end / change."""
+          levels: Sequence[Any] = (), level_k: int | None = None) -> str:
+  """A fixed-width table: one row per metric, and per level pass@1 and pass@`level_k` (default:
+  the largest k); columns start / end / change."""
   names = ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
-  k_max = max(ks)
+  level_k = max(ks) if level_k is None or level_k not in ks else level_k
   for level in levels:
-    names += [f"level{level}/pass@1", f"level{level}/pass@{k_max}"] if 1 in ks else [
-        f"level{level}/pass@{k_max}"]
+    names += [f"level{level}/pass@{k}" for k in sorted({min(ks), level_k})]
   width = max(len(n) for n in names) + 2
   lines = [f"{'held-out':<{width}}{'start':>9}{'end':>9}{'change':>9}"]
   for name in names:

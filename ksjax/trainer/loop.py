@@ -83,10 +83,10 @@ def _eval(config, derived, llama, task, mesh, seed: int) -> evaluation.EvalResul
 
 def run(config: Any) -> None:
   """Trains as `config` says (see `ksjax.trainer.defaults` for every field)."""
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save, jax its backends, at INFO
   distributed.initialize()  # joins the other hosts' processes, if any: before any computation
   derived = config_lib.validate(config)
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
   workdir = os.path.abspath(config.workdir)
   checkpoint_dir = os.path.join(workdir, "checkpoints")
   if _has_checkpoints(checkpoint_dir) and not config.resume:
@@ -254,7 +254,8 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
     start_path = os.path.join(workdir, "eval_start.json")
     start = evaluation.load_metrics(start_path) if os.path.exists(start_path) else None
     levels = task.levels() if hasattr(task, "levels") else ()
-    text = evaluation.table(start, result.metrics, tuple(config.eval.ks), levels)
+    text = evaluation.table(start, result.metrics, tuple(config.eval.ks), levels,
+                            level_k=config.k)
     header = (f"held-out {config.eval.split}: {len(result.levels)} prompts x "
               f"{result.num_samples} samples, temperature {config.eval.temperature}, top-p "
               f"{config.eval.top_p}")
