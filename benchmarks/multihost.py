@@ -34,8 +34,9 @@ def run(workdir: str, processes: int, devices: int) -> tuple[dict[str, float], f
   args = ["--config=configs/pass_at_k.py", f"--config.workdir={workdir}",
           "--config.mesh=(4,1,1)", f"--config.num_steps={_STEPS.value}",
           f"--config.batch_prompts={_BATCH.value}", "--config.checkpoint_every=1000000",
-          "--config.eval.at_start=False", "--config.eval.at_end=False",
-          "--config.progress_bar=False", "--config.aggregator=mean", "--config.baseline=none"]
+          "--config.sft_warmup.steps=0", "--config.eval.at_start=False",
+          "--config.eval.at_end=False", "--config.progress_bar=False",
+          "--config.aggregator=mean", "--config.baseline=none"]
   start = time.perf_counter()
   rc = local_cluster.wait(local_cluster.start(args, processes=processes,
                                               devices_per_process=devices, logs=workdir,
