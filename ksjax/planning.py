@@ -1,4 +1,4 @@
-"""The memory plan: what each device must hold for a trainer config, known before anything is allocated.
+"""The memory plan: what each device must hold for a trainer config, before anything is allocated.
 
 A run holds, per device, at all times
   * the parameters of the policy and its AdamW moments (the `TrainState` the update donates);
@@ -35,13 +35,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -324,11 +322,14 @@ class MemoryPlan:
     gib = lambda b: f"{b / GIB:10.2f} GiB"
     s = self.shapes
     mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+    extrapolated = (f"; programs extrapolated in depth from {PROBE_DEPTHS}" if self.extrapolated
+                    else "")
+    sampler_other = max(self.prefill.peak, self.decode.peak) - self.params - self.kv_cache
     lines = [
         f"model: {self.model.num_params / 1e9:.2f}B parameters, {self.model.num_layers} layers, "
         f"{self.model.param_dtype}, remat={self.model.remat}",
         f"mesh: {mesh} ({math.prod(self.mesh.values())} {self.platform} devices"
-        f"{'; programs extrapolated in depth from ' + str(PROBE_DEPTHS) if self.extrapolated else ''})",
+        f"{extrapolated})",
         f"update: {s.update_rows} rows per optimizer step in micro-batches of {s.micro_batch}, "
         f"sequence {s.prompt_len} + {s.max_new_tokens}",
         f"sampling: {s.sample_prompts} prompts x {s.samples} samples; eval {s.eval_prompts} x "
@@ -339,7 +340,7 @@ class MemoryPlan:
         f"  reference policy          {gib(self.reference)}",
         f"  update: batch, gradients, activations {gib(self.update_activations)}",
         f"  sampler KV cache          {gib(self.kv_cache)}",
-        f"  sampler, other than cache {gib(max(self.prefill.peak, self.decode.peak) - self.params - self.kv_cache)}",
+        f"  sampler, other than cache {gib(sampler_other)}",
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
     ]
     lines += [f"  peak of {name:<17} {gib(b)}" for name, b in self.phases.items()]
@@ -526,5 +527,5 @@ def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> Me
 
 
 __all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "abstract_mesh", "check",
-           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan", "sampler_caches",
-           "prompt_len_of", "resolve", "state_bytes", "vocab_size_of"]
+           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan",
+           "prompt_len_of", "resolve", "sampler_caches", "state_bytes", "vocab_size_of"]
