@@ -21,13 +21,15 @@ Depth. Compiling the whole stack of a 70B model for 256 devices takes minutes on
 decoder block is the same program, so each program's bytes are affine in the number of layers.
 Models deeper than `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full
 compiles; e.g. Llama 3.1 8B on 8 devices, 32 layers: 8.066 GiB compiled, 8.066 GiB extrapolated
-from 2 and 4 layers).
+from 2 and 4 layers). The probes are an even number of layers apart because XLA's buffer packing
+of small models alternates between odd and even depths; a two-layer step averages it out.
 
 Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
 when run on them (the trainer's start-up check), or fake CPU devices (`python -m
-ksjax.tools.plan --devices=256` on a workstation). XLA's CPU backend computes bfloat16 matmuls in
-float32 and schedules without a memory limit, so its temporaries are an upper bound of what a
-TPU or GPU compile needs; the exact parts (parameters, optimizer, KV cache) do not depend on it.
+ksjax.tools.plan --fake_devices=256` on a workstation). XLA's CPU backend computes bfloat16
+matmuls in float32 and schedules without a memory limit, so its temporaries are not those of a
+TPU or GPU compile (they are typically larger); the exact parts (parameters, optimizer, KV cache)
+do not depend on the backend.
 """
 
 from __future__ import annotations
