@@ -12,9 +12,10 @@ In one run:
      from the compiled program (XLA's cost analysis), as a fraction of (1).
   3. The sparse update's speed-up for pass@k leave-one-out at k = n = 8, on the same batch: the
      dense update of all B x 8 rows against the sparse one (rows with a non-zero advantage only,
-     packed into a power-of-two bucket). Rewards are +-1, correct with probability 0.3, so some
-     groups have a unique correct completion (one non-zero weight) and the rest none. Both update
-     the same parameters to within 1e-5 (asserted).
+     packed into a power-of-two bucket). Two reward kinds: +-1, correct with probability 0.3 (a
+     group has one non-zero weight when exactly one completion is correct, else none), and
+     continuous rewards, where every group has exactly one (the densest case of this estimator,
+     1/8 of the rows). Both paths update the same parameters to within 1e-5 (asserted).
   4. The time split of a step of the default config (sampling / reward / reference / update),
      from a short run of the trainer itself (no warm-up, no evaluation), the first step
      (compilation) left out.
@@ -26,6 +27,7 @@ noisy, so compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -42,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 from ksjax import model  # pylint: disable=wrong-import-position
 from ksjax.tasks import synthetic  # pylint: disable=wrong-import-position
 from ksjax.trainer import config as config_lib  # pylint: disable=wrong-import-position
-from ksjax.trainer import learner, loop, metrics, rollout, update  # pylint: disable=wrong-import-position
+from ksjax.trainer import learner, loop, metrics, policy, rollout, update  # pylint: disable=wrong-import-position
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
                       "pass_at_k.py")
@@ -81,9 +83,11 @@ def default_config():
   return module.get_config()
 
 
-def synthetic_rollout(config, n: int, vocab: int, p_correct: float, seed: int = 0):
+def synthetic_rollout(config, n: int, vocab: int, p_correct: float, seed: int = 0,
+                      continuous: bool = False):
   """A rollout shaped like the default config's (prompt bucket 32 + max_new_tokens columns),
-  with random tokens, completion lengths between half and all of max_new_tokens, and +-1 rewards."""
+  with random tokens, completion lengths between half and all of max_new_tokens, and +-1 (or
+  standard normal) rewards."""
   rng = np.random.default_rng(seed)
   b, prompt_len, new = config.batch_prompts, 32, config.max_new_tokens
   r, t = b * n, prompt_len + new
@@ -94,12 +98,13 @@ def synthetic_rollout(config, n: int, vocab: int, p_correct: float, seed: int = 
   prompt_mask = (cols < prompt_len) & (cols >= prompt_len - prompt_lengths[:, None])
   completion_mask = (cols >= prompt_len) & (cols < prompt_len + lengths[:, None])
   correct = rng.random((b, n)) < p_correct
+  rewards = (rng.normal(size=(b, n)) if continuous else np.where(correct, 1.0, -1.0))
   return rollout.Rollout(
       prompts=(), tokens_rt=tokens, attention_mask_rt=prompt_mask | completion_mask,
       completion_mask_rt=completion_mask,
       behaviour_logp_rt=np.where(completion_mask, -1.0, 0.0).astype(np.float32),
       prompt_len=prompt_len, finished_r=np.ones(r, bool), texts=("",) * r,
-      rewards_bn=np.where(correct, 1.0, -1.0).astype(np.float32), correct_bn=correct,
+      rewards_bn=rewards.astype(np.float32), correct_bn=correct,
       answer_ids_bn=(~correct).astype(np.int32))
 
 
@@ -145,10 +150,11 @@ def throughput(config, cfg, n: int, repeats: int, peak: float) -> dict[str, floa
           "flops_per_s": flops / seconds, "fraction_of_matmul": flops / seconds / peak}
 
 
-def sparse_speedup(config, cfg, repeats: int) -> dict[str, float]:
+def sparse_speedup(config, cfg, repeats: int, continuous: bool) -> dict[str, float]:
   config.k, config.n = 8, None
   derived = config_lib.validate(config)
-  batch = synthetic_rollout(config, derived.n, cfg.vocab_size, p_correct=0.3, seed=2)
+  batch = synthetic_rollout(config, derived.n, cfg.vocab_size, p_correct=0.3, seed=2,
+                            continuous=continuous)
   adv = rollout.advantages(batch, aggregator="pass_at_k", baseline="loo", k=8, p=1, beta=1.0,
                            scale="none").reshape(-1)
   key = np.asarray(jax.random.PRNGKey(0))
@@ -200,7 +206,7 @@ def main() -> None:
   args = parser.parse_args()
   config = default_config()
   vocab = synthetic.make_tokenizer().vocab_size
-  tiny = model.preset(config.model.preset, vocab_size=vocab)
+  tiny = policy.policy_config(config, vocab)
   wide = model.preset("tiny", vocab_size=vocab, hidden_size=256, num_layers=4, num_heads=8,
                       num_kv_heads=4, head_dim=32, intermediate_size=1024)
   print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}, "
@@ -216,9 +222,11 @@ def main() -> None:
           f"{r['seconds'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, "
           f"{r['flops'] / 1e9:.2f} GFLOP/step, {r['flops_per_s'] / 1e9:.2f} GFLOP/s = "
           f"{100 * r['fraction_of_matmul']:.1f}% of the matmul rate")
-  for name, cfg in (("default (tiny)", tiny), ("wide (h256, 4 layers)", wide)):
-    s = sparse_speedup(default_config(), cfg, args.repeats)
-    print(f"3. sparse vs dense, pass@k leave-one-out k = 8, {name}: non-zero advantages "
+  for (name, cfg), continuous in itertools.product(
+      (("default (tiny)", tiny), ("wide (h256, 4 layers)", wide)), (False, True)):
+    s = sparse_speedup(default_config(), cfg, args.repeats, continuous)
+    rewards = "continuous rewards" if continuous else "+-1 rewards"
+    print(f"3. sparse vs dense, pass@k leave-one-out k = 8, {name}, {rewards}: non-zero advantages "
           f"{100 * s['nonzero_fraction']:.1f}% of rows, sparse update on "
           f"{100 * s['sparse_rows_fraction']:.1f}% of rows: dense {s['dense_seconds'] * 1e3:.1f} "
           f"ms, sparse {s['sparse_seconds'] * 1e3:.1f} ms, speed-up {s['speedup']:.1f}x "

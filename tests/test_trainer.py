@@ -231,7 +231,7 @@ def test_ppo_reuses_completions_off_policy_with_clipping():
     ({"loss_aggregation": "sum"}, "config.loss_aggregation"), ({"mesh": (1, 1)}, "config.mesh"),
     ({"learning_rate": -1.0}, "config.learning_rate"), ({"init_hf": ""}, "config.init_hf"),
     ({"ppo_epochs": 2}, "config.ppo_epochs"), ({"num_minibatches": 2}, "config.num_minibatches"), ({"eval.ks": (1, 32)}, "config.eval.ks"),
-    ({"synthetic.levels": (1, 6)}, "config.synthetic.levels"), ({"resume": 1}, "config.resume"),
+    ({"synthetic.levels": (1, 6)}, "config.synthetic.levels"), ({"eval.ks": ()}, "config.eval.ks"),
     ({"model.preset": "gpt2"}, "config.model.preset")])
 def test_bad_field_is_one_error_naming_it(overrides, field):
   config = load_config(os.path.join(CONFIG_DIR, "pass_at_k.py"))
