@@ -79,6 +79,13 @@ class TrainState:
   rng: jax.Array       # key [], the run's random stream (sampling seeds, minibatch order)
 
 
+def learning_rate_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
+  """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then constant."""
+  if not warmup_steps:
+    return optax.constant_schedule(learning_rate)  # optax's warm-up of 0 steps stays at 0
+  return optax.warmup_constant_schedule(0.0, learning_rate, warmup_steps)
+
+
 def make_optimizer(*, learning_rate: float, warmup_steps: int, weight_decay: float,
                    max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
                    eps: float = 1e-8) -> optax.GradientTransformation:
@@ -86,8 +93,7 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, weight_decay: flo
 
   Weight decay applies to matrices only (not to norm scales or the value bias), as is usual.
   """
-  schedule = (optax.warmup_constant_schedule(0.0, learning_rate, warmup_steps) if warmup_steps
-              else optax.constant_schedule(learning_rate))  # optax's warm-up of 0 steps stays at 0
+  schedule = learning_rate_schedule(learning_rate, warmup_steps)
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                       mask=decay_mask)
