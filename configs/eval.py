@@ -4,8 +4,8 @@ Run: python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=runs/
      python -m ksjax.eval --config=configs/eval.py:<train config> ...   (e.g. :grpo_pass_at_k)
 
 `config.run` is the trainer config that says which task and model the checkpoints hold, and the
-mesh: by default the trainer's base config (the embedded task and tiny model every CPU config in
-configs/ trains); after the colon, the name of another config file in this directory. Its fields
+mesh: by default the default CPU run's config (`defaults.embedded_task_config`, which every
+CPU config in configs/ starts from); after the colon, the name of another config file in this directory. Its fields
 can be set like any other (`--config.run.model.dtype=bfloat16`, `--config.run.mesh=1,1,8`). The
 evaluation's own settings are the top-level fields below.
 """
@@ -21,7 +21,7 @@ from ksjax.trainer import defaults
 
 def _train_config(name: str | None) -> ml_collections.ConfigDict:
   if not name:
-    return defaults.base_config()
+    return defaults.embedded_task_config()
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"configs/eval.py:{name}: no trainer config {path}")

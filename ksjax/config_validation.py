@@ -73,3 +73,25 @@ def _range(lo, hi, lo_open=False, hi_open=False) -> str:
   if lo is None:
     return f" {'<' if hi_open else '<='} {hi}"
   return f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def parse_flags_or_exit(argv: list[str]) -> list[str]:
+  """An absl `flags_parser` for binaries taking `--config.field=value` overrides.
+
+  ml_collections applies overrides while absl parses the command line, so a misspelled field or a
+  value of the wrong type surfaces there, as a traceback. This turns it into the one line and exit
+  status 2 that every other bad config value gets.
+  """
+  # Imported here: absl is only needed by binaries, not by library users of this module.
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    lines = str(e).strip().strip('"').splitlines() or [type(e).__name__]
+    what = (f"config has no field {lines[-1]}" if isinstance(e, (AttributeError, KeyError))
+            else lines[-1])
+    print(f"ksjax: bad command-line flag or config override: {what}; expected a field of the "
+          f"config file with a value of its type", file=sys.stderr)
+    sys.exit(2)

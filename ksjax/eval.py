@@ -19,6 +19,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from ksjax import config_validation
 from ksjax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -47,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_validation.parse_flags_or_exit)

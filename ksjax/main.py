@@ -13,6 +13,7 @@ import sys
 from absl import app
 from ml_collections import config_flags
 
+from ksjax import config_validation
 from ksjax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -52,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_validation.parse_flags_or_exit)

@@ -26,7 +26,7 @@ RUN_FIELDS = {
 TRAIN_FIELDS = {
     "num_steps": 3, "batch_prompts": 2, "k": 2, "max_new_tokens": 24, "checkpoint_every": 1,
     "keep_checkpoints": 3, "async_checkpoints": False, "progress_bar": False,
-    "eval.at_start": False, "eval.at_end": False, "mesh": (1, 1, 1),
+    "eval.at_start": False, "eval.at_end": False, "mesh": (1, 1, 1), "sft_warmup.steps": 0,
 }
 # The eval binary shards over a (1, 2, 2) mesh of the fake CPU devices: FSDP and tensor parallel.
 EVAL_MESH = "--config.run.mesh=1,2,2"
@@ -71,7 +71,7 @@ def eval_config(checkpoint_dir: str | os.PathLike) -> ml_collections.ConfigDict:
 def _train(workdir: pathlib.Path) -> None:
   from ksjax import trainer  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import defaults  # pylint: disable=g-import-not-at-top
-  config = defaults.base_config()
+  config = defaults.embedded_task_config()  # what configs/eval.py describes by default
   config.workdir = str(workdir)
   _set(config, {**RUN_FIELDS, **TRAIN_FIELDS})
   trainer.run(config)

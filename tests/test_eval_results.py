@@ -116,4 +116,7 @@ def test_run_fields_are_checked_by_the_trainer():
 def test_default_settings():
   s = settings_lib.validate(eval_run.eval_config("somewhere"))
   assert (s.num_samples, s.steps, s.watch, s.mesh) == (20, "latest", False, (-1, 1, 1))
-  assert s.max_new_tokens == 64 and s.output_name() == "test_n20_t1_p1"
+  config = eval_run.eval_config("somewhere")
+  # None in the eval config: the run's evaluation budget, which defaults to its max_new_tokens.
+  assert config.max_new_tokens is None and config.run.eval.max_new_tokens is None
+  assert s.max_new_tokens == config.run.max_new_tokens and s.output_name() == "test_n20_t1_p1"

@@ -35,10 +35,9 @@ from ksjax.config_validation import ConfigError
 from ksjax.evaluation import checkpoints, plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
-from ksjax.model import checkpoint as model_checkpoint
-from ksjax.model import hf_io
 from ksjax.tasks.base import Prompt, Task
 from ksjax.trainer import evaluation as trainer_evaluation
+from ksjax.trainer import policy as trainer_policy
 from ksjax.trainer import tasks as trainer_tasks
 
 EVAL_DIR = "eval"
@@ -52,27 +51,13 @@ def _say(message: str) -> None:
 def policy_config(run_config: Any, vocab_size: int) -> model.LlamaConfig:
   """The LlamaConfig of the policy a trainer run with `run_config` trains: its shapes only.
 
-  Mirrors `ksjax.trainer.loop.build_model` (preset, Hugging Face directory or ksjax.model
-  checkpoint; a value head for PPO) without building or loading any weights.
+  The trainer's own `ksjax.trainer.policy.policy_config`, so evaluation can never disagree with
+  training about the model; its errors are re-worded to name the eval config's `run` fields.
   """
-  dtype = run_config.model.dtype
   try:
-    if run_config.init_hf:
-      cfg = hf_io.read_config(run_config.init_hf, dtype=dtype)
-    elif run_config.init_checkpoint:
-      cfg = dataclasses.replace(model_checkpoint.load_config(run_config.init_checkpoint),
-                                param_dtype=dtype, dtype=dtype)
-    else:
-      overrides = {f: run_config.model[f] for f in ("hidden_size", "num_layers", "num_heads",
-                                                    "num_kv_heads", "head_dim",
-                                                    "intermediate_size")
-                   if run_config.model[f] is not None}
-      cfg = model.preset(run_config.model.preset, vocab_size=vocab_size, param_dtype=dtype,
-                         dtype=dtype, **overrides)
-  except (FileNotFoundError, model.CheckpointError) as e:
-    field = "init_hf" if run_config.init_hf else "init_checkpoint"
-    raise ConfigError(f"config.run.{field}: {e}") from None
-  return dataclasses.replace(cfg, value_head=run_config.algorithm == "ppo")
+    return trainer_policy.policy_config(run_config, vocab_size)
+  except ConfigError as e:
+    raise ConfigError(str(e).replace("config.", "config.run.", 1)) from None
 
 
 def _describe(cfg: model.LlamaConfig) -> str:
