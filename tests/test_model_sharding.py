@@ -91,7 +91,7 @@ def test_cache_sharding_matches_init_cache_rank():
   cache = model.init_cache(CFG, batch_size=4, max_len=8)
   placed = jax.device_put(cache, sharding.cache_sharding(mesh))
   assert placed["k"].sharding.spec == jax.sharding.PartitionSpec(
-      None, sharding.BATCH, None, "tensor", None)
+      None, sharding.BATCH, "tensor", None, None)
   assert math.prod(placed["k"].addressable_shards[0].data.shape) == cache["k"].size // 8
 
 

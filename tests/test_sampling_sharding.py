@@ -37,7 +37,8 @@ def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
   np.testing.assert_allclose(out.logprobs, unsharded.logprobs, atol=1e-5)
   assert len({tuple(row) for row in np.asarray(out.tokens).tolist()}) > 1
 
-  # The state the programs hand over: rows over data x fsdp, kv heads over tensor.
+  # The state the programs hand over: the cache as `sharding.cache_sharding` says (rows over
+  # data x fsdp, kv heads over tensor), the rows of the outputs over data x fsdp.
   cfg = sampling.SamplerConfig(**{k: v for k, v in SETTINGS.items() if k != "num_samples"})
   n = SETTINGS["num_samples"]
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -49,6 +50,6 @@ def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
   misses = sampler.programs.cache_info().misses
   state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(len(PROMPTS) * n), np.uint32(0))
   assert sampler.programs.cache_info().misses == misses  # the program generate compiled
-  assert state.cache["k"].sharding.spec == P(None, sharding.BATCH, None, "tensor", None)
+  assert state.cache["k"].sharding.spec == sharding.cache_sharding(mesh)["k"].spec
   assert state.tokens_bn.sharding.spec == P(sharding.BATCH, None)
   assert state.cache["k"].addressable_shards[0].data.shape[1] == shapes.rows // batch_shards

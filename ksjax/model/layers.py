@@ -49,16 +49,20 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
   makes the backward pass 3-5x slower; accelerators choose their own layouts). A query row with no
   visible key (a left-padding position) gets a uniform average; its output is never used.
   """
+  return attend_bkhs(q_btnh, k_bskh.transpose(0, 2, 3, 1), v_bskh.transpose(0, 2, 3, 1), mask_bts)
+
+
+def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
+                mask_bts: jax.Array) -> jax.Array:
+  """`attend` with keys and values already laid out [B, K, H, S], as the KV cache stores them."""
   b, t, n, h = q_btnh.shape
-  s, k = k_bskh.shape[1], k_bskh.shape[2]
+  k, s = k_bkhs.shape[1], k_bkhs.shape[3]
   g = n // k
   q_bkmh = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-  k_bkhs = k_bskh.transpose(0, 2, 3, 1)
-  v_bkhs = v_bskh.transpose(0, 2, 3, 1)
   scores = jnp.einsum("bkmh,bkhs->bkms", q_bkmh, k_bkhs, preferred_element_type=jnp.float32)
   scores_bkgts = scores.reshape(b, k, g, t, s) * (h ** -0.5)
   scores_bkgts = jnp.where(mask_bts[:, None, None], scores_bkgts, jnp.finfo(jnp.float32).min)
-  probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bskh.dtype).reshape(b, k, g * t, s)
+  probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bkhs.dtype).reshape(b, k, g * t, s)
   out_bkmh = jnp.einsum("bkms,bkhs->bkmh", probs_bkms, v_bkhs)
   return out_bkmh.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
@@ -119,14 +123,18 @@ class DecoderLayer(nnx.Module):
     x_btd = x_btd + self.self_attn(self.input_layernorm(x_btd), cos_bth, sin_bth, mask_btt)
     return x_btd + self.mlp(self.post_attention_layernorm(x_btd))
 
-  def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_cache_bskh, v_cache_bskh, cache_index):
-    """One step with a KV cache: writes this step's keys/values at slots [cache_index, +T)."""
+  def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_cache_lbkhs, v_cache_lbkhs, layer: int,
+             cache_index):
+    """One step with the whole stacked KV cache ([L, B, K, H, S] each): writes this layer's keys
+    and values at slots [cache_index, +T) with one in-place update (no copy of the cache under
+    donation) and attends over this layer's slots. Returns x and both caches."""
     q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
-    k_cache_bskh = jax.lax.dynamic_update_slice(
-        k_cache_bskh, k.astype(k_cache_bskh.dtype), (0, cache_index, 0, 0))
-    v_cache_bskh = jax.lax.dynamic_update_slice(
-        v_cache_bskh, v.astype(v_cache_bskh.dtype), (0, cache_index, 0, 0))
-    attn = attend(q, k_cache_bskh.astype(q.dtype), v_cache_bskh.astype(q.dtype), mask_bts)
+    write = lambda cache, new_btkh: jax.lax.dynamic_update_slice(
+        cache, new_btkh.transpose(0, 2, 3, 1)[None].astype(cache.dtype),
+        (layer, 0, 0, 0, cache_index))
+    k_cache_lbkhs, v_cache_lbkhs = write(k_cache_lbkhs, k), write(v_cache_lbkhs, v)
+    attn = attend_bkhs(q, k_cache_lbkhs[layer].astype(q.dtype),
+                       v_cache_lbkhs[layer].astype(q.dtype), mask_bts)
     x_btd = x_btd + self.self_attn.out(attn)
     x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
-    return x_btd, k_cache_bskh, v_cache_bskh
+    return x_btd, k_cache_lbkhs, v_cache_lbkhs

@@ -19,7 +19,9 @@ from ksjax.model import rope
 from ksjax.model.config import LlamaConfig
 from ksjax.model.layers import DecoderLayer, RMSNorm, init_param
 
-Cache = dict[str, jax.Array]  # {"k": [L, B, S, K, H], "v": [L, B, S, K, H]}
+# {"k": [L, B, K, H, S], "v": [L, B, K, H, S]}: slots last, the layout `attend` computes in, so a
+# decode step neither transposes nor copies the cache; it writes one slot per layer in place.
+Cache = dict[str, jax.Array]
 
 
 def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
@@ -29,7 +31,7 @@ def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
 
 def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
   """An empty KV cache with `max_len` slots per sequence."""
-  shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
   dtype = jnp.dtype(dtype or cfg.dtype)
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
@@ -131,7 +133,7 @@ class Llama(nnx.Module):
     states avoids forming [B, T, V] (XLA does not slice the lm-head matmul by itself).
     """
     t = tokens_bt.shape[1]
-    s = cache["k"].shape[2]
+    s = cache["k"].shape[-1]
     slot_s = jnp.arange(s)
     query_slot_t = cache_index + jnp.arange(t)
     mask_bts = kv_mask_bs.astype(bool)[:, None, :] & (slot_s[None, :] <= query_slot_t[:, None])[None]
@@ -139,7 +141,5 @@ class Llama(nnx.Module):
     x_btd = self.embed(tokens_bt)
     k_all, v_all = cache["k"], cache["v"]
     for i, layer in enumerate(self.layers):
-      x_btd, k_i, v_i = layer.cached(x_btd, cos, sin, mask_bts, k_all[i], v_all[i], cache_index)
-      k_all = k_all.at[i].set(k_i)
-      v_all = v_all.at[i].set(v_i)
+      x_btd, k_all, v_all = layer.cached(x_btd, cos, sin, mask_bts, k_all, v_all, i, cache_index)
     return self.norm(x_btd), {"k": k_all, "v": v_all}

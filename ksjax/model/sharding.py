@@ -126,8 +126,8 @@ def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
 
 
 def cache_sharding(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
-  """Sharding of a KV cache {"k", "v"}: [L, B@data*fsdp, S, K@tensor, H]."""
-  s = NamedSharding(mesh, P(None, BATCH, None, "tensor", None))
+  """Sharding of a KV cache {"k", "v"}: [L, B@data*fsdp, K@tensor, H, S]."""
+  s = NamedSharding(mesh, P(None, BATCH, "tensor", None, None))
   return {"k": s, "v": s}
 
 

@@ -57,7 +57,7 @@ from ksjax.sampling.distribution import choose
 @flax.struct.dataclass
 class DecodeState:
   """Everything the decode loop carries (donated between prefill and decode)."""
-  cache: Cache               # {"k", "v"}: [L, B, S, K, H]
+  cache: Cache               # {"k", "v"}: [L, B, K, H, S]
   kv_mask_bs: jax.Array      # bool [B, S], slots holding a real token
   position_b: jax.Array      # int32 [B], RoPE position of the next token fed back
   tokens_bn: jax.Array       # int32 [B, N], pad_id where not generated
@@ -119,7 +119,7 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
                    cache_len: int, prefill_once: bool = True):
   """Runs the prompts [P', T] through the model and gives every prompt's cache to its n rows.
 
-  Returns next-token logits float32 [B, V], the cache [L, B, S, K, H] with S = cache_len, the kv
+  Returns next-token logits float32 [B, V], the cache [L, B, K, H, S] with S = cache_len, the kv
   mask bool [B, S] and the position of the next token int32 [B]; B = P' * num_samples.
   """
   t = tokens_pt.shape[1]
@@ -134,7 +134,7 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
     logits_pv, mask_pt, positions_pt = repeat(logits_pv), repeat(mask_pt), repeat(positions_pt)
     cache = jax.tree.map(lambda c: jnp.repeat(c, num_samples, axis=1), cache)
   grow = cache_len - t
-  cache = jax.tree.map(lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0))), cache)
+  cache = jax.tree.map(lambda c: jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, grow)]), cache)
   kv_mask_bs = jnp.pad(mask_pt, ((0, 0), (0, grow)))
   return logits_pv, cache, kv_mask_bs, positions_pt[:, -1] + 1
 
