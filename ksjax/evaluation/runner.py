@@ -92,9 +92,20 @@ class Evaluator:
       _say(f"step {step}: evaluated before with these settings "
            f"({results.STEP_FILE.format(step=step)}); reusing it")
       return self.records[step]
-    s = self.settings
     started = time.perf_counter()
     policy = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
+    restore_seconds = time.perf_counter() - started
+    return self.evaluate_policy(step, policy, os.path.join(self.run.steps_dir, str(step)),
+                                restore_seconds=restore_seconds)
+
+  def evaluate_policy(self, step: int, policy: model.Llama, checkpoint: str, *,
+                      restore_seconds: float = 0.0) -> dict[str, Any]:
+    """The record of an already loaded policy, labelled `step` and `checkpoint`: sampled,
+    scored and written like a restored checkpoint's (e.g. a run's start policy, which is a
+    ksjax.model checkpoint rather than a trainer step)."""
+    if step in self.records:
+      return self.records[step]
+    s = self.settings
     loaded = time.perf_counter()
     out = trainer_evaluation.evaluate(
         policy, self.task, self.prompts, num_samples=s.num_samples, ks=(),
@@ -103,7 +114,7 @@ class Evaluator:
     seconds = time.perf_counter() - loaded
     del policy
     record = results.step_record(
-        step=step, checkpoint=os.path.join(self.run.steps_dir, str(step)),
+        step=step, checkpoint=checkpoint,
         sampling=s.sampling(), ks=s.ks, prompt_ids=[p.id for p in self.prompts],
         metadata=[dict(p.metadata) for p in self.prompts], breakdown=s.breakdown,
         correct_gn=out.correct, answer_ids_gn=out.answer_ids, rewards_gn=out.rewards,
@@ -116,7 +127,7 @@ class Evaluator:
     first = ", compilation included" if self.sampled == 1 else ""
     _say(f"step {step}: {record['num_problems']} problems x {s.num_samples} samples in "
          f"{seconds:.1f}s = {record['samples_per_second']:.1f} samples/s (restore "
-         f"{loaded - started:.1f}s{first}); " + headline(record["metrics"], s.ks))
+         f"{restore_seconds:.1f}s{first}); " + headline(record["metrics"], s.ks))
     return record
 
   def save_summaries(self, averaged: dict | None = None) -> None:
@@ -133,7 +144,7 @@ def headline(metrics: dict[str, float], ks: Sequence[int]) -> str:
                    for name in ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks])
 
 
-def _prompts(task: Task, s: Settings) -> list[Prompt]:
+def select_prompts(task: Task, s: Settings) -> list[Prompt]:
   try:
     prompts = list(task.prompts(s.split))
   except (KeyError, ValueError) as e:
@@ -158,7 +169,7 @@ def run(config: Any) -> None:
               settings_lib.select_steps(s.steps, available, run_dir.steps_dir))
   task = distributed.ShardedScoring(trainer_tasks.make_task(config.run))
   try:
-    prompts = _prompts(task, s)
+    prompts = select_prompts(task, s)
     mesh = model.make_mesh(s.mesh)
     cfg = policy_config(config.run, task.tokenizer.vocab_size)
     output_dir = s.output_dir or os.path.join(run_dir.run_dir, EVAL_DIR, s.output_name())

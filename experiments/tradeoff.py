@@ -1,0 +1,676 @@
+"""The paper's trade-off at laptop scale: train every variant from one start, evaluate, compare.
+
+  python experiments/tradeoff.py                       # the published study (experiments/results/)
+  python experiments/tradeoff.py --study.seeds=0,1,2,3,4 --study.out=/tmp/tradeoff5
+  python experiments/tradeoff.py --study.quick=True --study.out=/tmp/smoke   # a one-minute smoke run
+
+What it does, in order (each phase is skipped when its outputs exist, so an interrupted study
+resumes where it stopped: run the same command again):
+  1. start: one supervised warm-up of the tiny Llama on the embedded task (the trainer,
+     `ksjax.trainer.loop.run`, with no RL steps); its policy `<out>/runs/start/start` is the
+     common start and the KL reference of every run. It is evaluated like every checkpoint.
+  2. runs: every variant x algorithm x seed, each a trainer run from that start with the same
+     budget (`steps` RL steps, the same completions per step) and its own seed (sampling,
+     mini-batch order; the prompts' order comes from the data seed, shared); the variants are
+     the configs in configs/ (mean, pass_at_k, biased_pass_at_k, pkpo_pass_at_k,
+     majority_vote, biased_majority_vote), the PPO form of each takes the PPO fields of
+     configs/ppo_pass_at_k.py. A run interrupted mid-way resumes from its newest checkpoint.
+  3. evaluation: every checkpoint of every run by the eval binary's own runner
+     (`ksjax.evaluation.runner.run`, what `python -m ksjax.eval` calls; in this process, so the
+     sampler compiles once per worker) on the held-out split: pass@k and maj@k for k up to 100
+     from `eval.num_samples` samples per problem, per level too. The KL to the start at a
+     checkpoint is the trainer's logged per-completion KL(pi || pi_start) (the k3 estimator, on
+     the training prompts), averaged over the `kl_window` steps before it.
+  4. report: `<out>/table.md` (the paper's Table 2 form: pass@1/10/100 per variant, mean +- std
+     over seeds, at the last checkpoint), `<out>/summary.json` (every number), the figures
+     (`metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`) and `<out>/README.md`,
+     which states each of the paper's claims, the numbers, and whether it reproduces here.
+
+Runs are spread over `workers` processes (two on a two-core machine: the tiny model cannot
+use more than one core per process well); each writes its log to `<out>/logs/`. The wall time
+of every phase is kept in `<out>/timing.json` and reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from absl import app
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "configs")
+VARIANTS = ("mean", "pass_at_k", "biased_pass_at_k", "pkpo_pass_at_k", "majority_vote",
+            "biased_majority_vote")
+ALGORITHMS = ("pg", "ppo")
+# The fields that make configs/ppo_pass_at_k.py PPO; applied to every variant's PPO form.
+PPO_FIELDS = ("algorithm", "ppo_epochs", "num_minibatches", "clip_eps", "value_clip",
+              "value_coef", "sparse_updates")
+LABELS = {"mean": "mean", "pass_at_k": "pass@k", "biased_pass_at_k": "biased pass@k",
+          "pkpo_pass_at_k": "pass@k, n=2k (PKPO)", "majority_vote": "majority vote",
+          "biased_majority_vote": "biased majority vote"}
+
+
+def study_config() -> ml_collections.ConfigDict:
+  """Every setting of the study and its default (the published one)."""
+  c = ml_collections.ConfigDict()
+  c.out = os.path.join(REPO, "experiments", "results")
+  c.seeds = (0, 1, 2)
+  c.variants = VARIANTS
+  c.algorithms = ALGORITHMS
+  c.workers = 2
+  c.worker = -1  # internal: the worker index of a child process
+  c.quick = False  # a smoke run: tiny budget everywhere (the test suite runs it)
+  # The task and the start: levels 1-3 of the embedded task, a 400-step warm-up (pass@1 about
+  # 0.46: level 1 0.72, level 3 0.23, inside the paper's 10-50% regime on the hard levels).
+  c.levels = (1, 2, 3)
+  c.warmup_steps = 400
+  # The RL budget, the same for every variant: `steps` updates of 64 completions each
+  # (16 prompts x k, or 8 prompts x 2k for PKPO), a checkpoint every `checkpoint_every`.
+  c.k = 4
+  c.steps = 300
+  c.checkpoint_every = 60
+  c.learning_rate = 1e-4  # the default run's (ksjax.trainer.defaults.embedded_task_config)
+  c.kl_window = 10
+  c.eval = ml_collections.ConfigDict()
+  c.eval.test_per_level = 40
+  c.eval.num_samples = 100
+  c.eval.ks = (1, 2, 4, 10, 20, 50, 100)
+  c.eval.batch_prompts = 8
+  return c
+
+
+def quick(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The smoke-run sizes: every phase and file, seconds of compute."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.seeds = (0, 1)
+  c.variants = ("mean", "pass_at_k")
+  c.algorithms = ("pg",)
+  c.workers = 1
+  c.warmup_steps = 2
+  c.steps = 4
+  c.checkpoint_every = 2
+  c.kl_window = 2
+  c.eval.test_per_level = 2
+  c.eval.num_samples = 4
+  c.eval.ks = (1, 2, 4)
+  return c
+
+
+_STUDY = config_flags.DEFINE_config_dict("study", study_config())
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs' configs
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  algorithm: str
+  variant: str
+  seed: int
+
+  @property
+  def name(self) -> str:
+    return f"{self.algorithm}_{self.variant}_s{self.seed}"
+
+
+def runs_of(study) -> list[Run]:
+  return [Run(a, v, s) for a, v, s in itertools.product(study.algorithms, study.variants,
+                                                        study.seeds)]
+
+
+def _load_config(name: str) -> ml_collections.ConfigDict:
+  path = os.path.join(CONFIGS, f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"ksjax_study_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _common(config: ml_collections.ConfigDict, study, workdir: str) -> None:
+  config.workdir = workdir
+  config.synthetic.levels = tuple(study.levels)
+  config.synthetic.test_per_level = study.eval.test_per_level
+  config.learning_rate = study.learning_rate
+  config.progress_bar = False
+  config.eval.at_start = False
+  config.eval.at_end = False
+
+
+def start_config(study) -> ml_collections.ConfigDict:
+  """The warm-up that makes the common start (no RL steps)."""
+  config = _load_config("pass_at_k")
+  _common(config, study, os.path.join(study.out, "runs", "start"))
+  config.sft_warmup.steps = study.warmup_steps
+  config.num_steps = 0
+  return config
+
+
+def run_config(study, run: Run) -> ml_collections.ConfigDict:
+  """The trainer config of one run: the variant's config file, its PPO form if asked, the
+  study's task, budget and start."""
+  config = _load_config(run.variant)
+  samples_per_prompt = (config.n or config.k) / config.k  # PKPO samples 2k per prompt
+  completions = config.batch_prompts * (config.n or config.k)
+  if run.algorithm == "ppo":
+    ppo = _load_config("ppo_pass_at_k")
+    for field in PPO_FIELDS:
+      config[field] = ppo[field]
+  elif run.algorithm != "pg":
+    raise ValueError(f"study.algorithms: {run.algorithm!r} is not accepted; expected pg or ppo")
+  _common(config, study, os.path.join(study.out, "runs", run.name))
+  config.k = study.k
+  config.n = int(samples_per_prompt * study.k) if config.n else None
+  config.batch_prompts = completions // (config.n or config.k)
+  config.seed = run.seed
+  config.init_checkpoint = os.path.join(study.out, "runs", "start", "start")
+  config.sft_warmup.steps = 0
+  config.num_steps = study.steps
+  config.checkpoint_every = study.checkpoint_every
+  config.keep_checkpoints = study.steps // study.checkpoint_every + 1
+  return config
+
+
+def eval_config(study, train_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The eval binary's config (configs/eval.py) for every checkpoint of a run."""
+  spec = importlib.util.spec_from_file_location("ksjax_study_eval_config",
+                                                os.path.join(CONFIGS, "eval.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.checkpoint_dir = train_config.workdir
+  config.steps = "all"
+  config.num_samples = study.eval.num_samples
+  config.ks = tuple(study.eval.ks)
+  config.batch_prompts = study.eval.batch_prompts
+  config.breakdown = ("level",)
+  config.plots = False  # the study draws its own
+  config.run = train_config
+  return config
+
+
+def eval_dir(study, workdir: str) -> str:
+  return os.path.join(workdir, "eval", f"test_n{study.eval.num_samples}_t1_p1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+def _say(message: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _record_time(study, phase: str, seconds: float) -> None:
+  path = os.path.join(study.out, "timing.json")
+  timing = _read_json(path, {})
+  timing[phase] = timing.get(phase, 0.0) + seconds
+  _write_json(path, timing)
+
+
+def _read_json(path: str, default: Any = None) -> Any:
+  if not os.path.exists(path):
+    return default
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _write_json(path: str, data: Any) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def _done_path(study, name: str) -> str:
+  return os.path.join(study.out, "runs", name, "study_done.json")
+
+
+def ensure_start(study) -> None:
+  """Phase 1: the warm-up and the start's evaluation (step 0 of every run)."""
+  from ksjax import model  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import checkpoints, runner  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import tasks as trainer_tasks  # pylint: disable=g-import-not-at-top
+
+  if os.path.exists(_done_path(study, "start")):
+    return
+  started = time.time()
+  config = start_config(study)
+  start_dir = os.path.join(config.workdir, "start")
+  if not os.path.isdir(os.path.join(config.workdir, "final")):
+    _say(f"start: supervised warm-up, {study.warmup_steps} steps")
+    loop.run(config)
+  # The start is a ksjax.model checkpoint, not a trainer step: the eval binary's Evaluator
+  # evaluates it as loaded, with the same settings and estimators as every checkpoint.
+  evaluation = eval_config(study, config)
+  s = settings_lib.validate(evaluation)
+  task = trainer_tasks.make_task(config)
+  mesh = model.make_mesh(s.mesh)
+  policy, _ = model.load_checkpoint(start_dir, mesh)
+  evaluator = runner.Evaluator(
+      s, checkpoints.RunDirectory(run_dir=config.workdir, steps_dir=start_dir), task,
+      runner.select_prompts(task, s), policy.cfg, mesh, eval_dir(study, config.workdir))
+  os.makedirs(evaluator.output_dir, exist_ok=True)
+  record = evaluator.evaluate_policy(0, policy, start_dir)
+  _say("start: " + runner.headline(record["metrics"], s.ks))
+  _record_time(study, "start", time.time() - started)
+  _write_json(_done_path(study, "start"), {"seconds": time.time() - started})
+
+
+def run_one(study, run: Run) -> None:
+  """Phase 2 and 3 for one run: train (or resume), then evaluate every checkpoint."""
+  from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
+
+  if os.path.exists(_done_path(study, run.name)):
+    return
+  config = run_config(study, run)
+  started = time.time()
+  if not os.path.isdir(os.path.join(config.workdir, "final")):
+    config.resume = os.path.isdir(os.path.join(config.workdir, "checkpoints"))
+    loop.run(config)
+  trained = time.time()
+  runner.run(eval_config(study, config))
+  done = time.time()
+  _write_json(_done_path(study, run.name),
+              {"train_seconds": trained - started, "eval_seconds": done - trained})
+
+
+def worker(study) -> None:
+  """A child process: the runs whose index is `worker` modulo `workers`."""
+  for i, run in enumerate(runs_of(study)):
+    if i % study.workers == study.worker:
+      _say(f"{run.name}: training and evaluating")
+      run_one(study, run)
+      _say(f"{run.name}: done")
+
+
+def run_workers(study, argv: Sequence[str]) -> None:
+  """Phases 2 and 3 over `workers` child processes; prints progress as runs finish."""
+  runs = runs_of(study)
+  pending = [r for r in runs if not os.path.exists(_done_path(study, r.name))]
+  if not pending:
+    return
+  started = time.time()
+  log_dir = os.path.join(study.out, "logs")
+  os.makedirs(log_dir, exist_ok=True)
+  env = dict(os.environ)
+  # One compute thread per worker: the tiny model's matmuls gain nothing from more, and the
+  # workers share the cores.
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                      "intra_op_parallelism_threads=1").strip()
+  children = []
+  for i in range(study.workers):
+    log = open(os.path.join(log_dir, f"worker{i}.log"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    children.append((subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, os.path.abspath(__file__), *argv, f"--study.worker={i}",
+         f"--study.out={study.out}"], stdout=log, stderr=subprocess.STDOUT, env=env), log))
+  _say(f"{len(pending)} of {len(runs)} runs to train and evaluate on {study.workers} worker(s); "
+       f"logs in {log_dir}")
+  reported = len(runs) - len(pending)
+  try:
+    while any(p.poll() is None for p, _ in children):
+      time.sleep(5)
+      done = sum(os.path.exists(_done_path(study, r.name)) for r in runs)
+      if done != reported:
+        reported = done
+        elapsed = time.time() - started
+        _say(f"{done}/{len(runs)} runs done ({elapsed / 60:.1f} min this session)")
+  finally:
+    for p, log in children:
+      if p.poll() is None:
+        p.terminate()
+      p.wait()
+      log.close()
+  _record_time(study, "runs", time.time() - started)
+  failed = [i for i, (p, _) in enumerate(children) if p.returncode != 0]
+  if failed:
+    raise RuntimeError(f"worker(s) {failed} failed; see {log_dir}/worker<i>.log, then run the "
+                       "same command again to resume")
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis: pure functions of the evaluation records and the training logs
+# ---------------------------------------------------------------------------------------------
+
+def kl_at(metrics_rows: Sequence[Mapping[str, float]], step: int, window: int) -> float:
+  """Mean logged KL (k3) over the `window` steps up to `step` (0 at step 0)."""
+  if step == 0:
+    return 0.0
+  values = [r["kl/k3"] for r in metrics_rows if step - window < r["step"] <= step]
+  return float(np.mean(values)) if values else float("nan")
+
+
+def run_curves(records: Sequence[Mapping[str, Any]], metrics_rows, window: int,
+               start: Mapping[str, Any]) -> dict[str, Any]:
+  """{"steps": [...], "kl": [...], "metrics": {name: [...]}} with the start as step 0."""
+  records = [start] + sorted((r for r in records if r["step"] != 0), key=lambda r: r["step"])
+  names = list(start["metrics"]) + [f"level{g.split('=')[1]}/{m}" for g in start["groups"]
+                                    for m in start["groups"][g] if m != "num_problems"]
+
+  def value(record, name):
+    if "/" in name:
+      level, metric = name.split("/")
+      return record["groups"][f"level={level[5:]}"][metric]
+    return record["metrics"][name]
+
+  return {"steps": [r["step"] for r in records],
+          "kl": [kl_at(metrics_rows, r["step"], window) for r in records],
+          "metrics": {name: [value(r, name) for r in records] for name in names}}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+  values = np.asarray(values, float)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, float | str]:
+  """Mean of a minus mean of b over seeds, its standard error, and a verdict: "reproduces"
+  (difference above two standard errors), "same direction, within noise", or "does not
+  reproduce"."""
+  a, b = np.asarray(a, float), np.asarray(b, float)
+  diff = float(a.mean() - b.mean())
+  se = float(math.sqrt((a.var(ddof=1) / len(a) if len(a) > 1 else 0.0)
+                       + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)))
+  if diff > 2 * se and diff > 0:
+    verdict = "reproduces"
+  elif diff > 0:
+    verdict = "same direction, within noise"
+  else:
+    verdict = "does not reproduce"
+  return {"difference": diff, "standard_error": se, "verdict": verdict}
+
+
+def at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
+  """A curve's value at KL = target, linearly interpolated along the (step-ordered) curve, at
+  the first point where its KL reaches the target (nan if it never does)."""
+  for i in range(1, len(kl)):
+    lo, hi = kl[i - 1], kl[i]
+    if hi >= target >= lo:
+      t = 0.0 if hi == lo else (target - lo) / (hi - lo)
+      return float(values[i - 1] + t * (values[i] - values[i - 1]))
+  return float("nan")
+
+
+def claims(final: Mapping[str, Mapping[str, Sequence[float]]],
+           curves: Mapping[str, Sequence[Mapping[str, Any]]], algorithm: str, k: int,
+           ks: Sequence[int]) -> list[dict[str, Any]]:
+  """The paper's statements, checked on one algorithm's runs.
+
+  Args:
+    final: "<algorithm>_<variant>" -> metric -> one value per seed, at the last checkpoint
+      (and "kl").
+    curves: "<algorithm>_<variant>" -> one run_curves dict per seed.
+    algorithm: "pg" or "ppo".
+    k: the training k; ks: the evaluated k.
+  """
+  big = max(ks)
+  mid = max(x for x in ks if x <= 10)
+  g = lambda variant: final[f"{algorithm}_{variant}"]
+  out = []
+
+  def claim(text, a, b, metric_a, metric_b=None, variants=("", "")):
+    result = compare(a, b)
+    out.append({"algorithm": algorithm, "claim": text, "a": variants[0], "b": variants[1],
+                "metric": metric_a if metric_b is None else f"{metric_a} vs {metric_b}",
+                "a_mean": float(np.mean(a)), "b_mean": float(np.mean(b)), **result})
+
+  have = lambda *vs: all(f"{algorithm}_{v}" in final for v in vs)
+  if have("pass_at_k", "mean"):
+    for kk in sorted({mid, big}):
+      claim(f"training for pass@k raises pass@{kk} more than training for the mean",
+            g("pass_at_k")[f"pass@{kk}"], g("mean")[f"pass@{kk}"], f"pass@{kk}",
+            variants=("pass_at_k", "mean"))
+    claim("training for the mean gives the higher pass@1 (pass@k training pays for its "
+          "pass@k in pass@1)", g("mean")["pass@1"], g("pass_at_k")["pass@1"], "pass@1",
+          variants=("mean", "pass_at_k"))
+    gain = lambda kk: (np.asarray(g("pass_at_k")[f"pass@{kk}"])
+                       - np.asarray(g("mean")[f"pass@{kk}"]))
+    claim(f"the advantage of pass@k training over mean training grows with test-time k "
+          f"(pass@{mid} gap minus pass@1 gap)", gain(mid), gain(1), f"pass@{mid} - pass@1 gaps",
+          variants=("pass_at_k - mean", "pass_at_k - mean"))
+    claim("training for the mean moves further from the start in the same number of steps "
+          "(final KL)", g("mean")["kl"], g("pass_at_k")["kl"], "kl",
+          variants=("mean", "pass_at_k"))
+    if have("biased_pass_at_k"):
+      for metric in ("pass@1", f"pass@{mid}"):
+        lo_v, hi_v = (("pass_at_k", "mean") if metric == "pass@1" else ("mean", "pass_at_k"))
+        claim(f"biased pass@k sits between pass@k and the mean on {metric} (above {LABELS[lo_v]})",
+              g("biased_pass_at_k")[metric], g(lo_v)[metric], metric,
+              variants=("biased_pass_at_k", lo_v))
+        claim(f"biased pass@k sits between pass@k and the mean on {metric} (below {LABELS[hi_v]})",
+              g(hi_v)[metric], g("biased_pass_at_k")[metric], metric,
+              variants=(hi_v, "biased_pass_at_k"))
+    # KL efficiency: pass@k (the trained k) at the KL every compared run reaches.
+    for variant in ("pass_at_k", "biased_pass_at_k"):
+      if not have(variant):
+        continue
+      pair = [curves[f"{algorithm}_{variant}"], curves[f"{algorithm}_mean"]]
+      target = min(c["kl"][-1] for runs in pair for c in runs)
+      values = [[at_kl(c["kl"], c["metrics"][f"pass@{k}"], target) for c in runs]
+                for runs in pair]
+      claim(f"{LABELS[variant]} is more KL-efficient than the mean: higher pass@{k} at the same "
+            f"KL ({target:.3f}, the smallest final KL of the two)", values[0], values[1],
+            f"pass@{k} at KL {target:.3f}", variants=(variant, "mean"))
+    level_gap = lambda level: (np.asarray(g("pass_at_k")[f"level{level}/pass@{mid}"])
+                               - np.asarray(g("mean")[f"level{level}/pass@{mid}"]))
+    levels = sorted({int(name[5:].split("/")[0]) for name in g("mean") if
+                     name.startswith("level")})
+    if len(levels) > 1:
+      claim(f"the pass@k gain over the mean comes from the hard problems (pass@{mid} gap on "
+            f"level {levels[-1]} minus level {levels[0]})", level_gap(levels[-1]),
+            level_gap(levels[0]), f"level pass@{mid} gaps",
+            variants=(f"level {levels[-1]}", f"level {levels[0]}"))
+  if have("majority_vote", "mean"):
+    claim(f"training for majority voting raises maj@{k} more than training for the mean",
+          g("majority_vote")[f"maj@{k}"], g("mean")[f"maj@{k}"], f"maj@{k}",
+          variants=("majority_vote", "mean"))
+  return out
+
+
+def collect(study) -> dict[str, Any]:
+  """Every run's curves, the start, and the per-seed final values."""
+  start_records = _records(eval_dir(study, os.path.join(study.out, "runs", "start")))
+  start = start_records[0]
+  curves: dict[str, list[dict]] = {}
+  final: dict[str, dict[str, list[float]]] = {}
+  for run in runs_of(study):
+    workdir = os.path.join(study.out, "runs", run.name)
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"),
+                                              encoding="utf-8")]
+    curve = run_curves(_records(eval_dir(study, workdir)), rows, study.kl_window, start)
+    key = f"{run.algorithm}_{run.variant}"
+    curves.setdefault(key, []).append(curve)
+    values = final.setdefault(key, {})
+    for name, series in curve["metrics"].items():
+      values.setdefault(name, []).append(series[-1])
+    values.setdefault("kl", []).append(curve["kl"][-1])
+  return {"start": start, "curves": curves, "final": final}
+
+
+def _records(directory: str) -> list[dict]:
+  from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
+  records = results.load_records(directory)
+  if not records:
+    raise RuntimeError(f"no evaluation records in {directory}; run the study again to make them")
+  return records
+
+
+def table(study, data: Mapping[str, Any]) -> str:
+  """Markdown: pass@1/10/100 and maj@k per variant, mean +- std over seeds, last checkpoint."""
+  ks = list(study.eval.ks)
+  shown = [x for x in (1, 10, 100) if x in ks] or ks
+  cols = [f"pass@{x}" for x in shown] + [f"maj@{study.k}", f"level{study.levels[-1]}/pass@1",
+                                         f"level{study.levels[-1]}/pass@{shown[-1]}", "kl"]
+  head = "| method | variant | " + " | ".join(cols) + " |"
+  lines = [head, "|" + "---|" * (len(cols) + 2)]
+  start = data["curves"][next(iter(data["curves"]))][0]
+  lines.append("| start | (warm-up only) | " + " | ".join(
+      f"{start['metrics'][c][0]:.3f}" if c != "kl" else "0" for c in cols) + " |")
+  for algorithm in study.algorithms:
+    for variant in study.variants:
+      values = data["final"][f"{algorithm}_{variant}"]
+      cells = []
+      for c in cols:
+        m, s = mean_std(values[c])
+        cells.append(f"{m:.3f} ± {s:.3f}")
+      lines.append(f"| {'PPO' if algorithm == 'ppo' else 'policy gradient'} | "
+                   f"{LABELS[variant]} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def figures(study, data: Mapping[str, Any]) -> list[str]:
+  """metric vs step, metric vs KL, pass@k vs k (seed means; the band is min-max over seeds)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import plots  # pylint: disable=g-import-not-at-top
+
+  ks = list(study.eval.ks)
+  shown = [f"pass@{x}" for x in (1, 10, 100) if x in ks] + [f"maj@{study.k}"]
+  colors = dict(zip(study.variants, [f"C{i}" for i in range(len(study.variants))]))
+  paths = []
+  for name, draw in (("metrics_vs_step.png", plots.metric_vs_step),
+                     ("metrics_vs_kl.png", plots.metric_vs_kl)):
+    fig = Figure(figsize=(3.4 * len(shown), 3.0 * len(study.algorithms)))
+    axes = fig.subplots(len(study.algorithms), len(shown), squeeze=False)
+    for row, algorithm in enumerate(study.algorithms):
+      for col, metric in enumerate(shown):
+        ax = axes[row][col]
+        for variant in study.variants:
+          runs = data["curves"][f"{algorithm}_{variant}"]
+          x = np.mean([r["steps" if draw is plots.metric_vs_step else "kl"] for r in runs], 0)
+          y = np.asarray([r["metrics"][metric] for r in runs])
+          draw(ax, x, y.mean(0), LABELS[variant], metric=metric, color=colors[variant])
+          ax.fill_between(x, y.min(0), y.max(0), color=colors[variant], alpha=0.12)
+        ax.set_title(f"{'PPO' if algorithm == 'ppo' else 'PG'}: {metric}", fontsize="medium")
+    axes[0][0].legend(fontsize="x-small")
+    fig.tight_layout()
+    paths.append(os.path.join(study.out, name))
+    plots.save(fig, paths[-1])
+  fig = Figure(figsize=(5.0 * len(study.algorithms), 3.6))
+  axes = fig.subplots(1, len(study.algorithms), squeeze=False)[0]
+  for ax, algorithm in zip(axes, study.algorithms):
+    for variant in study.variants:
+      values = data["final"][f"{algorithm}_{variant}"]
+      plots.pass_at_k_curve(ax, ks, [np.mean(values[f"pass@{x}"]) for x in ks], LABELS[variant],
+                            color=colors[variant])
+    plots.pass_at_k_curve(ax, ks, [data["start"]["metrics"][f"pass@{x}"] for x in ks], "start",
+                          color="black", linestyle="--")
+    ax.set_ylabel("pass@k (last checkpoint, mean over seeds)")
+    ax.set_title("PPO" if algorithm == "ppo" else "policy gradient", fontsize="medium")
+  axes[0].legend(fontsize="x-small")
+  fig.tight_layout()
+  paths.append(os.path.join(study.out, "pass_at_k_vs_k.png"))
+  plots.save(fig, paths[-1])
+  return paths
+
+
+def report(study, argv_command: str) -> None:
+  """Phase 4: table.md, summary.json, the figures and README.md in `study.out`."""
+  data = collect(study)
+  table_text = table(study, data)
+  found = [c for algorithm in study.algorithms
+           for c in claims(data["final"], data["curves"], algorithm, study.k, study.eval.ks)]
+  timing = _read_json(os.path.join(study.out, "timing.json"), {})
+  done = {r.name: _read_json(_done_path(study, r.name)) for r in runs_of(study)}
+  summary = {"study": study.to_dict(), "command": argv_command, "timing": timing,
+             "runs": done, "claims": found, "final": data["final"],
+             "curves": data["curves"], "start": data["start"]["metrics"]}
+  _write_json(os.path.join(study.out, "summary.json"), summary)
+  with open(os.path.join(study.out, "table.md.tmp"), "w", encoding="utf-8") as f:
+    f.write(table_text + "\n")
+  os.replace(os.path.join(study.out, "table.md.tmp"), os.path.join(study.out, "table.md"))
+  figures(study, data)
+  lines = [
+      "# Trade-off study: results",
+      "",
+      f"Produced by `{argv_command}` (every file in this directory; regenerate with the same "
+      "command, after deleting the directory for a fresh study).",
+      "",
+      f"Setup: embedded task levels {tuple(study.levels)}, {study.eval.test_per_level} held-out "
+      f"problems per level, tiny Llama; one supervised warm-up of {study.warmup_steps} steps is "
+      f"the start of every run; {study.steps} RL steps per run (64 completions a step, "
+      f"learning rate {study.learning_rate:g}, k = {study.k}); seeds {tuple(study.seeds)}; "
+      f"every checkpoint ({study.checkpoint_every} steps apart) evaluated with "
+      f"{study.eval.num_samples} samples per problem at temperature 1.",
+      "",
+      "## Last checkpoint (mean ± std over seeds)",
+      "",
+      table_text,
+      "",
+      "KL: the trainer's per-completion KL(policy || start) estimate (k3) on training prompts, "
+      f"averaged over the {study.kl_window} steps before the checkpoint.",
+      "",
+      "## The paper's statements, checked",
+      "",
+      "Difference = mean of the first minus mean of the second over seeds; it reproduces when the "
+      "difference exceeds two standard errors.",
+      "",
+      "| method | statement | first | second | difference ± s.e. | verdict |",
+      "|---|---|---|---|---|---|",
+  ]
+  for c in found:
+    lines.append(f"| {c['algorithm']} | {c['claim']} | {c['a_mean']:.3f} | {c['b_mean']:.3f} | "
+                 f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} |")
+  total = sum(timing.values())
+  lines += ["", "## Time", "",
+            f"Wall time {total / 60:.1f} min ("
+            + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(timing.items())) + ") with "
+            f"{study.workers} worker process(es).", "",
+            "Figures: `metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`; every "
+            "number: `summary.json`; per-checkpoint records: `runs/<run>/eval/`."]
+  with open(os.path.join(study.out, "README.md.tmp"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  os.replace(os.path.join(study.out, "README.md.tmp"), os.path.join(study.out, "README.md"))
+  _say(f"report: {os.path.join(study.out, 'README.md')}")
+  print(table_text, flush=True)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  study = _STUDY.value
+  if study.quick:
+    study = quick(study)
+  study.out = os.path.abspath(study.out)
+  if study.worker >= 0:
+    worker(study)
+    return
+  bad = sorted(set(study.variants) - set(VARIANTS)) + sorted(set(study.algorithms) -
+                                                             set(ALGORITHMS))
+  if bad:
+    print(f"tradeoff: study.variants/algorithms {bad} are not accepted; expected variants from "
+          f"{VARIANTS} and algorithms from {ALGORITHMS}", file=sys.stderr)
+    sys.exit(2)
+  if study.steps % study.checkpoint_every:
+    print(f"tradeoff: study.steps={study.steps} is not a multiple of "
+          f"study.checkpoint_every={study.checkpoint_every}; expected one", file=sys.stderr)
+    sys.exit(2)
+  os.makedirs(study.out, exist_ok=True)
+  flags_given = [a for a in sys.argv[1:] if not a.startswith("--study.worker")]
+  command = " ".join(["python experiments/tradeoff.py", *flags_given])
+  started = time.time()
+  ensure_start(study)
+  run_workers(study, [a for a in sys.argv[1:] if not a.startswith(("--study.worker",
+                                                                    "--study.out"))])
+  report(study, command)
+  _say(f"study done ({(time.time() - started) / 60:.1f} min in this invocation)")
+
+
+if __name__ == "__main__":
+  app.run(main)
