@@ -645,12 +645,6 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   study = _STUDY.value
-  if study.quick:
-    study = quick(study)
-  study.out = os.path.abspath(study.out)
-  if study.worker >= 0:
-    worker(study)
-    return
   bad = sorted(set(study.variants) - set(VARIANTS)) + sorted(set(study.algorithms) -
                                                              set(ALGORITHMS))
   if bad:
@@ -661,6 +655,12 @@ def main(argv: Sequence[str]) -> None:
     print(f"tradeoff: study.steps={study.steps} is not a multiple of "
           f"study.checkpoint_every={study.checkpoint_every}; expected one", file=sys.stderr)
     sys.exit(2)
+  if study.quick:
+    study = quick(study)
+  study.out = os.path.abspath(study.out)
+  if study.worker >= 0:
+    worker(study)
+    return
   os.makedirs(study.out, exist_ok=True)
   flags_given = [a for a in sys.argv[1:] if not a.startswith("--study.worker")]
   command = " ".join(["python experiments/tradeoff.py", *flags_given])
