@@ -285,7 +285,7 @@ class SyntheticTask(Task):
     test_per_level: test problems per level (at most 155 at level 1).
     levels: the levels to include.
     num_solutions: reference solutions (distinct routes) per problem.
-    correct_reward, wrong_reward: the reward of a correct and of any other completion.
+    reward_correct, reward_wrong: the reward of a correct and of any other completion.
     tokenizer: tokenizes the prompts; the task's character tokenizer by default.
   """
 
@@ -293,15 +293,15 @@ class SyntheticTask(Task):
 
   def __init__(self, *, seed: int = 0, train_per_level: int = 800, test_per_level: int = 60,
                levels: Sequence[int] = LEVELS, num_solutions: int = 4,
-               correct_reward: float = 1.0, wrong_reward: float = -1.0,
+               reward_correct: float = 1.0, reward_wrong: float = -1.0,
                tokenizer: Tokenizer | None = None):
     if num_solutions < 1:
       raise ValueError(f"num_solutions={num_solutions} is not accepted; expected >= 1")
     self.seed = seed
     self.tokenizer = tokenizer or make_tokenizer()
     self.num_solutions = num_solutions
-    self.correct_reward = float(correct_reward)
-    self.wrong_reward = float(wrong_reward)
+    self.reward_correct = float(reward_correct)
+    self.reward_wrong = float(reward_wrong)
     self._levels = tuple(sorted(set(levels)))
     self._problems = generate_split_problems(
         seed=seed, train_per_level=train_per_level, test_per_level=test_per_level,
@@ -352,7 +352,7 @@ class SyntheticTask(Task):
     for prompt, group in zip(prompts, completions):
       answers = tuple(extract_answer(c) for c in group)
       correct = np.asarray([a == str(prompt.reference) for a in answers], dtype=bool)  # [n]
-      rewards = np.where(correct, self.correct_reward, self.wrong_reward).astype(np.float32)
+      rewards = np.where(correct, self.reward_correct, self.reward_wrong).astype(np.float32)
       scores.append(GroupScore(rewards=rewards, correct=correct, answers=answers,
                                answer_ids=answer_classes(answers)))
     return scores

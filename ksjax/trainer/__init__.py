@@ -8,6 +8,13 @@ rollout's optimizer steps); warmup (supervised warm-up); evaluation (pass@k, maj
 checkpointing (Orbax); metrics (TensorBoard, JSONL, progress bar); loop (the run).
 """
 
-from ksjax.trainer.loop import run
+
+
+def run(config) -> None:
+  """`ksjax.trainer.loop.run`, imported on first use: the configs import
+  `ksjax.trainer.defaults`, which must not load jax, flax and TensorBoard with it."""
+  from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
+  loop.run(config)
+
 
 __all__ = ["run"]

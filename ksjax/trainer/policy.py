@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ksjax import distributed, model
@@ -62,7 +62,7 @@ def with_value_head(llama: model.Llama) -> model.Llama:
   loaded = dict(nnx.to_flat_state(nnx.state(llama)))
   flat = {}
   for path, variable in nnx.to_flat_state(abstract):
-    value = loaded[path][...] if path in loaded else jnp.zeros(variable.shape, variable.dtype)
+    value = loaded[path][...] if path in loaded else np.zeros(variable.shape, variable.dtype)
     flat[path] = variable.replace(value)
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 

@@ -40,7 +40,7 @@ def make_task(config: Any) -> Task:
     return registry.make_task(
         "synthetic", seed=s.seed, levels=tuple(s.levels), train_per_level=s.train_per_level,
         test_per_level=s.test_per_level, num_solutions=s.num_solutions,
-        correct_reward=config.correct_reward, wrong_reward=config.wrong_reward)
+        reward_correct=config.correct_reward, reward_wrong=config.wrong_reward)
   if config.data.data_dir is None:
     raise ConfigError(f"config.data.data_dir is missing; task {config.task!r} reads a dataset "
                       "built by `python -m ksjax.tasks.data`: expected its data_dir")
