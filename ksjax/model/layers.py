@@ -7,6 +7,9 @@ live) can both refer to parameters by name. Projection kernels keep the head axi
 
 Numerics follow transformers' eager Llama: norms and softmax in float32, everything else in the
 compute dtype `cfg.dtype`, parameters stored in `cfg.param_dtype`.
+
+Activations are pinned to their `sharding.ACTIVATION_AXES` with `sharding.constrain` (rows over the
+batch axes, heads and MLP columns over tensor); without a mesh set for tracing that is a no-op.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from flax import nnx
 
 from ksjax.model import rope
 from ksjax.model.config import LlamaConfig
+from ksjax.model.sharding import constrain
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # transformers' initializer_range for Llama
+# Queries per attention block: the float32 scores live one [B, N, QUERY_CHUNK, S] block at a time.
+QUERY_CHUNK = 256
 
 
 def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: LlamaConfig) -> nnx.Param:
@@ -52,9 +58,44 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
   return attend_bkhs(q_btnh, k_bskh.transpose(0, 2, 3, 1), v_bskh.transpose(0, 2, 3, 1), mask_bts)
 
 
-def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
-                mask_bts: jax.Array) -> jax.Array:
-  """`attend` with keys and values already laid out [B, K, H, S], as the KV cache stores them."""
+def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array, mask_bts: jax.Array,
+                query_chunk: int = QUERY_CHUNK) -> jax.Array:
+  """`attend` with keys and values already laid out [B, K, H, S], as the KV cache stores them.
+
+  Memory-efficient: the queries are taken `query_chunk` at a time (`lax.map`), each block's
+  scores and softmax rematerialised in the backward pass (`jax.checkpoint`), so no float32
+  [B, N, T, S] tensor is live in the forward or the backward pass, only one [B, N, query_chunk, S]
+  block. Every query row still sees all S keys in one softmax, so the values are those of the
+  dense computation (`attend_dense`), not an online-softmax approximation of them.
+
+  Why not a library kernel: `jax.nn.dot_product_attention` with implementation="cudnn" takes
+  causal masks and right-padded lengths but not a left-padding mask (valid keys [pad_b, t]), and
+  implementation="xla" forms the dense [B, N, T, S] scores; the Pallas flash/splash kernels are
+  TPU/GPU only (splash would express the mask with segment ids). This blocked form runs on every
+  backend, and the tests (on CPU) compare it with the dense one.
+  """
+  b, t, n, h = q_btnh.shape
+  if t <= query_chunk:
+    return attend_dense(q_btnh, k_bkhs, v_bkhs, mask_bts)
+  s = k_bkhs.shape[3]
+  c = query_chunk
+  chunks = -(-t // c)
+  pad = chunks * c - t  # padded query rows see no key; their (uniform) outputs are cut off below
+  q_cbqnh = jnp.pad(q_btnh, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, chunks, c, n, h)
+  mask_cbqs = jnp.pad(mask_bts, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, c, s)
+
+  @jax.checkpoint
+  def block(args):
+    q_bqnh, m_bqs = args
+    return attend_dense(constrain(q_bqnh, "btnh"), k_bkhs, v_bkhs, m_bqs)
+
+  out_cbqnh = jax.lax.map(block, (q_cbqnh.swapaxes(0, 1), mask_cbqs.swapaxes(0, 1)))
+  return out_cbqnh.swapaxes(0, 1).reshape(b, chunks * c, n, h)[:, :t]
+
+
+def attend_dense(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
+                 mask_bts: jax.Array) -> jax.Array:
+  """`attend_bkhs` in one piece: forms the float32 scores [B, K, G*T, S] of all queries at once."""
   b, t, n, h = q_btnh.shape
   k, s = k_bkhs.shape[1], k_bkhs.shape[3]
   g = n // k
@@ -81,13 +122,15 @@ class Attention(nnx.Module):
   def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
     """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H]."""
     w = lambda p: p[...].astype(self.dtype)
-    q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj))
-    k = jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj))
-    v = jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj))
+    q = constrain(jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)), "btnh")
+    k = constrain(jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj)), "btkh")
+    v = constrain(jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj)), "btkh")
     return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
 
   def out(self, attn_btnh: jax.Array) -> jax.Array:
-    return jnp.einsum("btnh,nhd->btd", attn_btnh, self.o_proj[...].astype(self.dtype))
+    attn_btnh = constrain(attn_btnh, "btnh")
+    return constrain(jnp.einsum("btnh,nhd->btd", attn_btnh, self.o_proj[...].astype(self.dtype)),
+                     "btd")
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
     q, k, v = self.qkv(x_btd, cos_bth, sin_bth)
@@ -106,8 +149,9 @@ class MLP(nnx.Module):
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     w = lambda p: p[...].astype(self.dtype)
-    gate_btf = jax.nn.silu(x_btd @ w(self.gate_proj))
-    return (gate_btf * (x_btd @ w(self.up_proj))) @ w(self.down_proj)
+    gate_btf = jax.nn.silu(constrain(x_btd @ w(self.gate_proj), "btf"))
+    hidden_btf = constrain(gate_btf * constrain(x_btd @ w(self.up_proj), "btf"), "btf")
+    return constrain(hidden_btf @ w(self.down_proj), "btd")
 
 
 class DecoderLayer(nnx.Module):
@@ -120,8 +164,9 @@ class DecoderLayer(nnx.Module):
     self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
+    x_btd = constrain(x_btd, "btd")
     x_btd = x_btd + self.self_attn(self.input_layernorm(x_btd), cos_bth, sin_bth, mask_btt)
-    return x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+    return constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "btd")
 
   def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_cache_lbkhs, v_cache_lbkhs, layer: int,
              cache_index):

@@ -6,9 +6,10 @@ Mesh axes are ("data", "fsdp", "tensor"):
   * tensor: Megatron tensor parallelism: q/k/v/gate/up column-split (heads, mlp), o/down row-split,
             the embedding and lm head split over the vocabulary.
 
-Each parameter name carries logical axes (`PARAM_AXES`), and `LOGICAL_TO_MESH` maps those to mesh
-axes; nothing else in the code base names a mesh axis for a parameter. `LOGICAL_TO_FIELD` lets a
-mesh that cannot divide a dimension be reported by the config field that sets it.
+Each parameter name carries logical axes (`PARAM_AXES`), and so does each kind of activation the
+model constrains (`ACTIVATION_AXES`); `LOGICAL_TO_MESH` maps those to mesh axes, and nothing else in
+the code base names a mesh axis for a parameter or an activation. `LOGICAL_TO_FIELD` lets a mesh
+that cannot divide a dimension be reported by the config field that sets it.
 
 Axis types: the mesh is built with `AxisType.Auto` on purpose. Under `Explicit` axes (jax's default
 for `make_mesh` in 0.10) every einsum whose operands disagree, e.g. x[B@fsdp, D] @ W[D@fsdp, F@tensor]
@@ -16,6 +17,16 @@ in FSDP, must be resolved by hand with `out_sharding=`/`reshard`, which would th
 through every layer. With Auto axes the model code stays mesh-agnostic: `jax.jit` receives explicit
 in/out shardings (parameters by spec, batch over data x fsdp) and the partitioner inserts the FSDP
 all-gathers and tensor-parallel reductions.
+
+Activations. Left alone, the partitioner may resolve x[B@fsdp, T, D] @ W[D@fsdp, F] by keeping the
+weight sharded and the rows whole, so that every device computes every row of the micro-batch (it
+does for Llama-sized widths: f32[m, T, F] MLP activations on each device). `constrain` pins the
+hidden states, heads and MLP activations to their `ACTIVATION_AXES` (rows over data x fsdp, heads
+and MLP columns over tensor), which makes it gather the weight instead: the FSDP pattern. As in
+flax's `with_logical_constraint`, the constraints are no-ops unless a mesh is set for tracing
+(`jax.sharding.use_abstract_mesh(mesh.abstract_mesh)` inside the jitted function, or `jax.set_mesh`
+around the jit), so the model runs unchanged on one device, in the parity tests and in programs
+that do not set one.
 """
 
 from __future__ import annotations
@@ -50,7 +61,18 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "value_bias": (),                         # []
 }
 
-LOGICAL_TO_MESH: dict[str, str] = {
+# Activation kind (named by its shape letters) -> logical axis of each dimension. Hidden states
+# keep D whole (Megatron: replicated over tensor between the column- and row-split matmuls).
+ACTIVATION_AXES: dict[str, tuple[str | None, ...]] = {
+    "btd": ("batch", None, None),              # hidden states, block inputs and outputs
+    "btnh": ("batch", None, "heads", None),    # queries, attention outputs
+    "btkh": ("batch", None, "kv_heads", None),  # keys, values
+    "btf": ("batch", None, "mlp"),             # SwiGLU activations
+    "btv": ("batch", None, "vocab"),           # logits
+}
+
+LOGICAL_TO_MESH: dict[str, str | tuple[str, ...]] = {
+    "batch": BATCH,
     "vocab": "tensor",
     "heads": "tensor",
     "kv_heads": "tensor",
@@ -104,6 +126,19 @@ def partition_spec(path: Sequence) -> P:
   return P(*(LOGICAL_TO_MESH.get(a) if a else None for a in PARAM_AXES[name]))
 
 
+def activation_spec(kind: str) -> P:
+  """The PartitionSpec of an activation of `kind` (a key of ACTIVATION_AXES, e.g. "btd")."""
+  return P(*(LOGICAL_TO_MESH[a] if a else None for a in ACTIVATION_AXES[kind]))
+
+
+def constrain(x: jax.Array, kind: str) -> jax.Array:
+  """`x` constrained to the sharding of activation `kind` under the tracing mesh; unchanged when
+  no mesh is set (see the module docstring)."""
+  if jax.sharding.get_abstract_mesh().empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, activation_spec(kind))
+
+
 def check_divisible(cfg: LlamaConfig, mesh: jax.sharding.Mesh) -> None:
   """Raises ConfigError naming the config field a mesh axis does not divide."""
   for logical, field in LOGICAL_TO_FIELD.items():
@@ -141,13 +176,15 @@ def shard(llama: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.Module:
 
 def sharded_forward(llama: nnx.Module, mesh: jax.sharding.Mesh):
   """A jitted full forward `fn(tokens_bt, attention_mask_bt) -> logits_btv` with explicit
-  shardings: parameters by spec, batch over data x fsdp, logits [B@batch, T, V@tensor]."""
+  shardings: parameters by spec, batch over data x fsdp, logits [B@batch, T, V@tensor], and the
+  activations constrained on `mesh`."""
   graphdef, state = nnx.split(llama)
   shardings = state_shardings(state, mesh)
   data = batch_sharding(mesh)
 
   def forward(state, tokens_bt, mask_bt):
-    return nnx.merge(graphdef, state)(tokens_bt, attention_mask=mask_bt)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return nnx.merge(graphdef, state)(tokens_bt, attention_mask=mask_bt)
 
   jitted = jax.jit(forward, in_shardings=(shardings, data, data),
                    out_shardings=NamedSharding(mesh, P(BATCH, None, "tensor")))
@@ -163,6 +200,7 @@ def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:
   return out
 
 
-__all__ = ["AXES", "BATCH", "PARAM_AXES", "LOGICAL_TO_MESH", "make_mesh", "partition_spec",
+__all__ = ["AXES", "BATCH", "PARAM_AXES", "ACTIVATION_AXES", "LOGICAL_TO_MESH", "make_mesh",
+           "partition_spec", "activation_spec", "constrain",
            "check_divisible", "state_shardings", "batch_sharding", "cache_sharding", "shard",
            "sharded_forward", "per_device_bytes"]

@@ -240,7 +240,8 @@ class Updater:
     graphdef, optimizer, cfg = self.graphdef, self.optimizer, self.loss_cfg
 
     def micro_loss(params, mb):
-      return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, prompt_len)
+      with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
+        return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, prompt_len)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -283,9 +284,10 @@ class Updater:
         def one(args):
           tokens_rt, mask_rt = args
           llama = nnx.merge(graphdef, params)
-          out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
-          if values:
-            out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
+          with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
+            out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
+            if values:
+              out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
           return out
         return jax.lax.map(one, (tokens_mmt, mask_mmt))
 
