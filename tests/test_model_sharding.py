@@ -130,3 +130,24 @@ def test_token_logprobs_on_a_mesh_match_unsharded():
   got = run(llama, jax.device_put(tokens, data), jax.device_put(mask, data))
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
+
+
+def test_activation_specs_come_from_the_one_table():
+  assert sharding.activation_spec("btd") == jax.sharding.PartitionSpec(sharding.BATCH, None, None)
+  assert sharding.activation_spec("btnh") == jax.sharding.PartitionSpec(
+      sharding.BATCH, None, "tensor", None)
+  assert sharding.activation_spec("btf") == jax.sharding.PartitionSpec(sharding.BATCH, None,
+                                                                       "tensor")
+  x = jnp.ones((8, 3, 4))
+  assert sharding.constrain(x, "btd") is x  # no mesh set: a no-op, the model runs anywhere
+
+
+def test_scanned_rematerialised_blocks_on_a_mesh_match_unsharded(reference_logits):
+  """cfg.remat runs the blocks as a scan over stacked parameters, under activation constraints
+  (rows over data x fsdp, heads and MLP columns over tensor)."""
+  mesh = model.make_mesh((2, 2, 2))
+  remat = dataclasses.replace(CFG, remat=True)
+  llama = model.shard(model.Llama(remat, rngs=nnx.Rngs(3)), mesh)
+  tokens, mask = _batch()
+  logits = sharding.sharded_forward(llama, mesh)(tokens, mask)
+  np.testing.assert_allclose(np.asarray(logits), reference_logits, atol=1e-5, rtol=0)

@@ -18,6 +18,7 @@ from flax import nnx
 from ksjax.model import rope
 from ksjax.model.config import LlamaConfig
 from ksjax.model.layers import DecoderLayer, RMSNorm, init_param
+from ksjax.model.sharding import constrain
 
 # {"k": [L, B, K, H, S], "v": [L, B, K, H, S]}: slots last, the layout `attend` computes in, so a
 # decode step neither transposes nor copies the cache; it writes one slot per layer in place.
@@ -66,7 +67,8 @@ class Llama(nnx.Module):
   # -- pieces ----------------------------------------------------------------------------------
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
-    return jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.cfg.dtype)
+    return constrain(jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.cfg.dtype),
+                     "btd")
 
   def head_weight(self) -> tuple[jax.Array, int]:
     """The lm-head matrix and its vocabulary axis: the embedding [V, D] (axis 0) when tied, else
@@ -78,7 +80,7 @@ class Llama(nnx.Module):
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T, V] from final hidden states."""
     w, vocab_axis = self.head_weight()
-    return head_logits(hidden_btd, w.astype(self.cfg.dtype), vocab_axis)
+    return constrain(head_logits(hidden_btd, w.astype(self.cfg.dtype), vocab_axis), "btv")
 
   def value(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T] scalar values (PPO critic); needs cfg.value_head."""
@@ -101,12 +103,33 @@ class Llama(nnx.Module):
     mask_btt = mask_bt[:, None, :] & causal_tt[None]
     cos, sin = self.cos_sin(positions_bt)
     x_btd = self.embed(tokens_bt)
-    for layer in self.layers:
-      if self.cfg.remat:
-        x_btd = nnx.remat(DecoderLayer.__call__)(layer, x_btd, cos, sin, mask_btt)
-      else:
+    if self.cfg.remat:
+      x_btd = self.scanned_blocks(x_btd, cos, sin, mask_btt)
+    else:
+      for layer in self.layers:
         x_btd = layer(x_btd, cos, sin, mask_btt)
     return self.norm(x_btd)
+
+  def scanned_blocks(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
+    """The decoder blocks as one `lax.scan` over their stacked parameters, each block
+    rematerialised in the backward pass (`cfg.remat`).
+
+    Why a scan: unrolled, the blocks' FSDP all-gathers depend only on the parameters, so XLA may
+    issue all of them up front and hold every layer's gathered weights (and their full-size
+    gradients) at once; in a scan, each iteration gathers its own block's weights, so one
+    block's weights and activations are live at a time and the backward pass keeps only each
+    block's input [L, B, T, D]. The parameters stay a list of layers (checkpoints, Hugging Face
+    import, sharding and the KV-cache path are unchanged); stacking them costs one copy of this
+    device's parameter shards, split like the parameters (FSDP), not gathered.
+    """
+    graphdef, _ = nnx.split(self.layers[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(l) for l in self.layers))
+
+    def block(x_btd, layer_state):
+      return nnx.merge(graphdef, layer_state)(x_btd, cos_bth, sin_bth, mask_btt), None
+
+    x_btd, _ = jax.lax.scan(jax.checkpoint(block, prevent_cse=False), x_btd, stacked)
+    return x_btd
 
   def __call__(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
