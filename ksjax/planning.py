@@ -478,7 +478,8 @@ def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
                  f"the update's batch and activations take {p.update_activations / GIB:.1f} "
                  f"GiB, about {per_row / GIB:.2f} GiB per row)")
     if not p.model.remat:
-      out.append("config.model.remat=True: keep one decoder block's activations, not all of them")
+      out.append("config.model.remat=True: scan the decoder blocks and rematerialise each, so "
+                 "one block's activations and gathered weights are live, not all of them")
   if phase in ("sampling", "eval"):
     cache = p.kv_cache if phase == "sampling" else p.eval_kv_cache
     field = "batch_prompts" if phase == "sampling" else "eval.batch_prompts"

@@ -133,7 +133,8 @@ def test_token_logprobs_on_a_mesh_match_unsharded():
 
 
 def test_activation_specs_come_from_the_one_table():
-  assert sharding.activation_spec("btd") == jax.sharding.PartitionSpec(sharding.BATCH, None, None)
+  assert sharding.activation_spec("btd") == jax.sharding.PartitionSpec(sharding.BATCH, "tensor",
+                                                                       None)
   assert sharding.activation_spec("btnh") == jax.sharding.PartitionSpec(
       sharding.BATCH, None, "tensor", None)
   assert sharding.activation_spec("btf") == jax.sharding.PartitionSpec(sharding.BATCH, None,

@@ -57,7 +57,8 @@ class LlamaConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   value_head: bool = False
-  # Rematerialise each decoder block in the backward pass (trades compute for activation memory).
+  # Rematerialise each decoder block in the backward pass and run the blocks as a scan over
+  # layers (`Llama.scanned_blocks`): one block's activations and gathered weights live at a time.
   remat: bool = False
 
   def __post_init__(self):

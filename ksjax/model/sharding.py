@@ -21,12 +21,12 @@ all-gathers and tensor-parallel reductions.
 Activations. Left alone, the partitioner may resolve x[B@fsdp, T, D] @ W[D@fsdp, F] by keeping the
 weight sharded and the rows whole, so that every device computes every row of the micro-batch (it
 does for Llama-sized widths: f32[m, T, F] MLP activations on each device). `constrain` pins the
-hidden states, heads and MLP activations to their `ACTIVATION_AXES` (rows over data x fsdp, heads
-and MLP columns over tensor), which makes it gather the weight instead: the FSDP pattern. As in
-flax's `with_logical_constraint`, the constraints are no-ops unless a mesh is set for tracing
-(`jax.sharding.use_abstract_mesh(mesh.abstract_mesh)` inside the jitted function, or `jax.set_mesh`
-around the jit), so the model runs unchanged on one device, in the parity tests and in programs
-that do not set one.
+hidden states, heads and MLP activations to their `ACTIVATION_AXES` (rows over data x fsdp; heads,
+MLP columns and the hidden states' sequence over tensor), which makes it gather the weight
+instead: the FSDP pattern. As in flax's `with_logical_constraint`, the constraints are no-ops
+unless a mesh is set for tracing (`jax.sharding.use_abstract_mesh(mesh.abstract_mesh)` inside the
+jitted function, or `jax.set_mesh` around the jit), so the model runs unchanged on one device, in
+the parity tests and in programs that do not set one.
 """
 
 from __future__ import annotations
@@ -62,9 +62,13 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
 }
 
 # Activation kind (named by its shape letters) -> logical axis of each dimension. Hidden states
-# keep D whole (Megatron: replicated over tensor between the column- and row-split matmuls).
+# (the residual stream, norms, block inputs) are split along the sequence over tensor: Megatron's
+# sequence parallelism. The all-reduce after the row-split o/down matmuls becomes a
+# reduce-scatter, an all-gather precedes the column-split q/k/v/gate/up matmuls (the same traffic),
+# and the block inputs the backward pass keeps (one [B, T, D] per layer under remat) are 1/tensor
+# per device instead of replicated.
 ACTIVATION_AXES: dict[str, tuple[str | None, ...]] = {
-    "btd": ("batch", None, None),              # hidden states, block inputs and outputs
+    "btd": ("batch", "length", None),          # hidden states, block inputs and outputs
     "btnh": ("batch", None, "heads", None),    # queries, attention outputs
     "btkh": ("batch", None, "kv_heads", None),  # keys, values
     "btf": ("batch", None, "mlp"),             # SwiGLU activations
@@ -73,6 +77,7 @@ ACTIVATION_AXES: dict[str, tuple[str | None, ...]] = {
 
 LOGICAL_TO_MESH: dict[str, str | tuple[str, ...]] = {
     "batch": BATCH,
+    "length": "tensor",
     "vocab": "tensor",
     "heads": "tensor",
     "kv_heads": "tensor",
