@@ -1,7 +1,7 @@
 """Memory plans of the paper's accelerator configs on 8, 64 and 256 devices, as tables.
 
   python benchmarks/memory_plan.py --exact [--devices=8,64,256]     # seconds
-  python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]  # an hour on 2 cores
+  python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]  # 9 minutes on 2 cores
 
 --exact: the parts of the plan that follow from shapes and shardings alone (parameters, AdamW,
 reference policy, KV cache) on device-free meshes, and from them the largest sampling batch each

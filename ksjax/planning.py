@@ -17,12 +17,15 @@ themselves: the trainer's `Updater` step and the sampler's prefill and decode ar
 `Compiled.memory_analysis()` gives per-device argument, output, aliased and temporary bytes.
 Nothing is allocated, so a 70B model is planned on a laptop.
 
-Depth. Compiling the whole stack of a 70B model for 256 devices takes minutes on a CPU; every
-decoder block is the same program, so each program's bytes are affine in the number of layers.
-Models deeper than `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full
-compiles; e.g. Llama 3.1 8B on 8 devices, 32 layers: 8.066 GiB compiled, 8.066 GiB extrapolated
-from 2 and 4 layers). The probes are an even number of layers apart because XLA's buffer packing
-of small models alternates between odd and even depths; a two-layer step averages it out.
+Depth. With `remat` the update runs its decoder blocks as a scan (`Llama.scanned_blocks`): one
+compiled block whatever the depth, so it is compiled whole (its bytes are not affine in depth at
+small depths: Llama 3.1 8B on 8 devices, 32 layers, 19.40 GiB compiled against 16.92 GiB
+extrapolated from 2 and 4). Unrolled programs (the sampler's prefill and decode, the update
+without remat) take minutes to compile for a 70B model on 256 devices; every decoder block is the
+same program, so their bytes are affine in the number of layers, and models deeper than
+`EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full compiles). The
+probes are an even number of layers apart because XLA's buffer packing of small models alternates
+between odd and even depths; a two-layer step averages it out.
 
 Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
 when run on them (the trainer's start-up check), or fake CPU devices (`python -m
@@ -267,9 +270,10 @@ def sampler_caches(cfg: model.LlamaConfig, mesh: Any, shapes: Shapes) -> tuple[i
                          cache_len(shapes.eval_max_new_tokens)))
 
 
-def _by_depth(fn, cfg: model.LlamaConfig):
-  """fn(cfg) for the model's depth: compiled whole, or at PROBE_DEPTHS and extrapolated."""
-  if cfg.num_layers <= EXACT_DEPTH:
+def _by_depth(fn, cfg: model.LlamaConfig, scanned: bool = False):
+  """fn(cfg) for the model's depth: compiled whole (shallow models, or a program that `scanned`
+  its layers), or at PROBE_DEPTHS and extrapolated."""
+  if scanned or cfg.num_layers <= EXACT_DEPTH:
     return fn(cfg)
   low, high = (fn(dataclasses.replace(cfg, num_layers=d)) for d in PROBE_DEPTHS)
   if isinstance(low, tuple):
@@ -298,7 +302,8 @@ class MemoryPlan:
   eval_kv_cache: int
   eval_prefill: ProgramMemory
   eval_decode: ProgramMemory
-  extrapolated: bool       # compiled at PROBE_DEPTHS and extrapolated to the model's depth
+  extrapolated: bool       # the sampler's programs (and the update without remat) compiled at
+                           # PROBE_DEPTHS and extrapolated to the model's depth
 
   @property
   def phases(self) -> dict[str, int]:
@@ -324,8 +329,10 @@ class MemoryPlan:
     gib = lambda b: f"{b / GIB:10.2f} GiB"
     s = self.shapes
     mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
-    extrapolated = (f"; programs extrapolated in depth from {PROBE_DEPTHS}" if self.extrapolated
-                    else "")
+    extrapolated = ""
+    if self.extrapolated:
+      programs = "sampler programs" if self.model.remat else "programs"
+      extrapolated = f"; {programs} extrapolated in depth from {PROBE_DEPTHS}"
     sampler_other = max(self.prefill.peak, self.decode.peak) - self.params - self.kv_cache
     lines = [
         f"model: {self.model.num_params / 1e9:.2f}B parameters, {self.model.num_layers} layers, "
@@ -417,7 +424,7 @@ def plan(config: Any, *, devices: Sequence[jax.Device] | None = None,
   cfg, mesh = resolve(config, devices, vocab_size)
   shapes = plan_shapes(config, mesh, prompt_len)
   held = state_bytes(config, cfg, mesh)
-  update = _by_depth(lambda c: compile_update(config, c, mesh, shapes), cfg)
+  update = _by_depth(lambda c: compile_update(config, c, mesh, shapes), cfg, scanned=cfg.remat)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:

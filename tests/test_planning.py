@@ -134,6 +134,9 @@ def test_deep_models_are_compiled_at_two_depths_and_continued_on_their_line():
   whole = planning._by_depth(fake_compile, shallow)  # pylint: disable=protected-access
   assert compiled == [planning.EXACT_DEPTH]  # compiled whole
   assert whole == fake_compile(shallow)
+  compiled.clear()
+  planning._by_depth(fake_compile, cfg, scanned=True)  # pylint: disable=protected-access
+  assert compiled == [32]  # a scan over layers compiles one block at any depth: whole
 
 
 @pytest.mark.slow  # three compiles of the update; the arithmetic is covered above
