@@ -119,15 +119,25 @@ def test_sharded_forward_cached_with_donated_cache_matches_unsharded(reference_l
   assert cache["k"].sharding.spec == cache_shardings["k"].spec
 
 
-def test_token_logprobs_on_a_mesh_match_unsharded():
-  """The trainer's path: chunked log-probs with a vocabulary-split head on a (2, 2, 2) mesh."""
+@pytest.mark.parametrize("constrained", [False, True])
+def test_token_logprobs_on_a_mesh_match_unsharded(constrained):
+  """The trainer's path: chunked log-probs with a vocabulary-split head on a (2, 2, 2) mesh;
+  constrained, as the Updater traces it (the vocabulary walked per tensor shard, [2, 128])."""
   tokens, mask = _batch()
-  run = nnx.jit(lambda m, t, k: model.token_logprobs(m, t, k, seq_chunk=4, vocab_chunk=96))
-  want = run(model.Llama(CFG, rngs=nnx.Rngs(3)), tokens, mask)
+  logprobs = lambda m, t, k: model.token_logprobs(m, t, k, seq_chunk=4, vocab_chunk=96)
+  want = nnx.jit(logprobs)(model.Llama(CFG, rngs=nnx.Rngs(3)), tokens, mask)
   mesh = model.make_mesh((2, 2, 2))
   llama = model.shard(model.Llama(CFG, rngs=nnx.Rngs(3)), mesh)
   data = sharding.batch_sharding(mesh)
-  got = run(llama, jax.device_put(tokens, data), jax.device_put(mask, data))
+
+  def on_mesh(m, t, k):
+    if not constrained:
+      return logprobs(m, t, k)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      assert sharding.axis_size("vocab") == 2
+      return logprobs(m, t, k)
+
+  got = nnx.jit(on_mesh)(llama, jax.device_put(tokens, data), jax.device_put(mask, data))
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
 

@@ -18,6 +18,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ksjax.model import sharding
+
 DEFAULT_SEQ_CHUNK = 128
 DEFAULT_VOCAB_CHUNK = 8192
 _MASKED = -1e30
@@ -31,37 +33,51 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
 
   `w` is the head matrix, [V, D] when `vocab_axis` is 0 or [D, V] when 1; it is sliced, never
   copied whole. Peak extra memory is O(B * seq_chunk * vocab_chunk) rather than O(B * N * V).
+
+  Under a tracing mesh that splits the vocabulary S ways (tensor parallelism), the vocabulary is
+  viewed as [S, V/S] and each step takes `vocab_chunk` columns of every shard ([S, Vc], each
+  device its own [Vc]): a dynamic slice across the split axis would make XLA gather the whole head
+  onto every device.
   """
   b, n, d = hidden_bnd.shape
   v = w.shape[vocab_axis]
+  shards = sharding.axis_size("vocab")
+  shards = shards if v % shards == 0 else 1
+  vs = v // shards  # columns per shard
   c = min(seq_chunk, n)
-  vc = min(vocab_chunk, v)
-  n_chunks, n_vocab = -(-n // c), -(-v // vc)
+  vc = min(vocab_chunk, vs)
+  n_chunks, n_vocab = -(-n // c), -(-vs // vc)
   pad = n_chunks * c - n
   h_kbcd = jnp.pad(hidden_bnd, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, c, d)
   h_kbcd = h_kbcd.transpose(1, 0, 2, 3)
   tgt_kbc = jnp.pad(targets_bn, ((0, 0), (0, pad))).reshape(b, n_chunks, c).transpose(1, 0, 2)
   inv_temp = 1.0 / temperature
-  spec = "bcd,vd->bcv" if vocab_axis == 0 else "bcd,dv->bcv"
+  if vocab_axis == 0:
+    w_split, slice_axis, spec = w.reshape(shards, vs, d), 1, "bcd,svd->bcsv"  # [S, V/S, D]
+  else:
+    w_split, slice_axis, spec = w.reshape(d, shards, vs), 2, "bcd,dsv->bcsv"  # [D, S, V/S]
+  shard_start_s = jnp.arange(shards) * vs
 
   def vocab_step(h_bcd, tgt_bc, carry, i):
     m_bc, s_bc, zs_bc, chosen_bc = carry
     # The last slice is shifted back to stay in range; columns already seen are masked out.
-    start = jnp.minimum(i * vc, v - vc)
-    w_slice = jax.lax.dynamic_slice_in_dim(w, start, vc, axis=vocab_axis).astype(h_bcd.dtype)
-    z_bcv = jnp.einsum(spec, h_bcd, w_slice, preferred_element_type=jnp.float32) * inv_temp
-    col_v = start + jnp.arange(vc)
-    fresh_v = col_v >= i * vc
+    start = jnp.minimum(i * vc, vs - vc)
+    w_slice = jax.lax.dynamic_slice_in_dim(w_split, start, vc, axis=slice_axis)
+    z_bcsv = jnp.einsum(spec, h_bcd, w_slice.astype(h_bcd.dtype),
+                        preferred_element_type=jnp.float32) * inv_temp
+    local_v = start + jnp.arange(vc)
+    fresh_v = local_v >= i * vc
     # A finite stand-in for -inf: exp() of it is 0 and, unlike -inf, 0 * it is not NaN in the
     # backward pass.
-    z_bcv = jnp.where(fresh_v, z_bcv, _MASKED)
-    m_new = jnp.maximum(m_bc, z_bcv.max(-1))
+    z_bcsv = jnp.where(fresh_v, z_bcsv, _MASKED)
+    m_new = jnp.maximum(m_bc, z_bcsv.max((-2, -1)))
     rescale = jnp.exp(m_bc - m_new)
-    e_bcv = jnp.exp(z_bcv - m_new[..., None])
-    s_bc = s_bc * rescale + e_bcv.sum(-1)
-    zs_bc = zs_bc * rescale + jnp.where(fresh_v, e_bcv * z_bcv, 0.0).sum(-1)
-    hit_bcv = (col_v == tgt_bc[..., None]) & fresh_v
-    chosen_bc = chosen_bc + jnp.where(hit_bcv, z_bcv, 0.0).sum(-1)
+    e_bcsv = jnp.exp(z_bcsv - m_new[..., None, None])
+    s_bc = s_bc * rescale + e_bcsv.sum((-2, -1))
+    zs_bc = zs_bc * rescale + jnp.where(fresh_v, e_bcsv * z_bcsv, 0.0).sum((-2, -1))
+    col_sv = shard_start_s[:, None] + local_v[None, :]
+    hit_bcsv = (col_sv == tgt_bc[..., None, None]) & fresh_v
+    chosen_bc = chosen_bc + jnp.where(hit_bcsv, z_bcsv, 0.0).sum((-2, -1))
     return (m_new, s_bc, zs_bc, chosen_bc), None
 
   @jax.checkpoint

@@ -144,6 +144,15 @@ def constrain(x: jax.Array, kind: str) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, activation_spec(kind))
 
 
+def axis_size(logical: str) -> int:
+  """How many ways the tracing mesh splits the `logical` axis (1 when no mesh is set)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  axes = LOGICAL_TO_MESH[logical]
+  return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+
+
 def check_divisible(cfg: LlamaConfig, mesh: jax.sharding.Mesh) -> None:
   """Raises ConfigError naming the config field a mesh axis does not divide."""
   for logical, field in LOGICAL_TO_FIELD.items():
@@ -206,6 +215,6 @@ def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:
 
 
 __all__ = ["AXES", "BATCH", "PARAM_AXES", "ACTIVATION_AXES", "LOGICAL_TO_MESH", "make_mesh",
-           "partition_spec", "activation_spec", "constrain",
+           "partition_spec", "activation_spec", "constrain", "axis_size",
            "check_divisible", "state_shardings", "batch_sharding", "cache_sharding", "shard",
            "sharded_forward", "per_device_bytes"]
