@@ -83,7 +83,8 @@ def warm_up(llama: model.Llama, task: Task, *, steps: int, batch_size: int, lear
   @jax.jit
   def step(params, opt_state, tokens_bt, mask_bt, target_bt):
     def loss_fn(params):
-      logp_bt, _ = model.token_logprobs(nnx.merge(graphdef, params), tokens_bt, mask_bt)
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # activation shardings
+        logp_bt, _ = model.token_logprobs(nnx.merge(graphdef, params), tokens_bt, mask_bt)
       weight_bt = target_bt / jnp.maximum(target_bt.sum(), 1)
       return -(weight_bt * logp_bt).sum()
     loss, grads = jax.value_and_grad(loss_fn)(params)
