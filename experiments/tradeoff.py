@@ -382,13 +382,15 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, float | str]:
   """Mean of a minus mean of b over seeds, its standard error, and a verdict: "reproduces"
-  (difference above two standard errors), "same direction, within noise", or "does not
-  reproduce"."""
+  (difference above two standard errors), "same direction, within noise", "does not
+  reproduce", or, when every value is equal (e.g. a saturated pass@100), "no difference"."""
   a, b = np.asarray(a, float), np.asarray(b, float)
   diff = float(a.mean() - b.mean())
   se = float(math.sqrt((a.var(ddof=1) / len(a) if len(a) > 1 else 0.0)
                        + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)))
-  if diff > 2 * se and diff > 0:
+  if diff == 0 and se == 0:
+    verdict = "no difference (identical values)"
+  elif diff > 2 * se and diff > 0:
     verdict = "reproduces"
   elif diff > 0:
     verdict = "same direction, within noise"
@@ -433,7 +435,7 @@ def claims(final: Mapping[str, Mapping[str, Sequence[float]]],
 
   have = lambda *vs: all(f"{algorithm}_{v}" in final for v in vs)
   if have("pass_at_k", "mean"):
-    for kk in sorted({mid, big}):
+    for kk in sorted({k, mid, big}):
       claim(f"training for pass@k raises pass@{kk} more than training for the mean",
             g("pass_at_k")[f"pass@{kk}"], g("mean")[f"pass@{kk}"], f"pass@{kk}",
             variants=("pass_at_k", "mean"))
@@ -542,7 +544,8 @@ def table(study, data: Mapping[str, Any]) -> str:
 
 
 def figures(study, data: Mapping[str, Any]) -> list[str]:
-  """metric vs step, metric vs KL, pass@k vs k (seed means; the band is min-max over seeds)."""
+  """metric vs step (seed means, the band min-max over seeds), metric vs KL (seed means of
+  both), pass@k vs k at the last checkpoint (seed means)."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   from ksjax.evaluation import plots  # pylint: disable=g-import-not-at-top
 
@@ -562,7 +565,8 @@ def figures(study, data: Mapping[str, Any]) -> list[str]:
           x = np.mean([r["steps" if draw is plots.metric_vs_step else "kl"] for r in runs], 0)
           y = np.asarray([r["metrics"][metric] for r in runs])
           draw(ax, x, y.mean(0), LABELS[variant], metric=metric, color=colors[variant])
-          ax.fill_between(x, y.min(0), y.max(0), color=colors[variant], alpha=0.12)
+          if draw is plots.metric_vs_step:  # against KL, x differs per seed: no band
+            ax.fill_between(x, y.min(0), y.max(0), color=colors[variant], alpha=0.12)
         ax.set_title(f"{'PPO' if algorithm == 'ppo' else 'PG'}: {metric}", fontsize="medium")
     axes[0][0].legend(fontsize="x-small")
     fig.tight_layout()

@@ -34,6 +34,7 @@ def test_compare_verdicts(tradeoff):
   assert tradeoff.compare([0.6, 0.4, 0.5], [0.45, 0.5, 0.49])["verdict"] == (
       "same direction, within noise")
   assert tradeoff.compare([0.4, 0.41], [0.5, 0.52])["verdict"] == "does not reproduce"
+  assert tradeoff.compare([1.0, 1.0], [1.0, 1.0])["verdict"].startswith("no difference")
 
 
 def test_at_kl_interpolates_along_the_curve(tradeoff):
