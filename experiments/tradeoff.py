@@ -598,7 +598,11 @@ def report(study, argv_command: str) -> None:
            for c in claims(data["final"], data["curves"], algorithm, study.k, study.eval.ks)]
   timing = _read_json(os.path.join(study.out, "timing.json"), {})
   done = {r.name: _read_json(_done_path(study, r.name)) for r in runs_of(study)}
-  summary = {"study": study.to_dict(), "command": argv_command, "timing": timing,
+  settings = study.to_dict()
+  # The output directory as the command names it (relative to the repository when inside it).
+  if os.path.commonpath([study.out, REPO]) == REPO:
+    settings["out"] = os.path.relpath(study.out, REPO)
+  summary = {"study": settings, "command": argv_command, "timing": timing,
              "runs": done, "claims": found, "final": data["final"],
              "curves": data["curves"], "start": data["start"]["metrics"]}
   _write_json(os.path.join(study.out, "summary.json"), summary)
