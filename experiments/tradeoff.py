@@ -15,7 +15,8 @@ resumes where it stopped: run the same command again):
      the configs in configs/ (mean, pass_at_k, biased_pass_at_k, pkpo_pass_at_k,
      majority_vote, biased_majority_vote), the PPO form of each takes the PPO fields of
      configs/ppo_pass_at_k.py. A run interrupted mid-way resumes from its newest checkpoint.
-  3. evaluation: every checkpoint of every run by the eval binary's own runner
+  3. evaluation: every checkpoint of every run (every `checkpoint_every` steps, and step 1,
+     which the trainer's Orbax manager saves as a run's first checkpoint) by the eval binary's own runner
      (`ksjax.evaluation.runner.run`, what `python -m ksjax.eval` calls; in this process, so the
      sampler compiles once per worker) on the held-out split: pass@k and maj@k for k up to 100
      from `eval.num_samples` samples per problem, per level too. The KL to the start at a

@@ -122,7 +122,8 @@ def test_smoke_study_writes_everything_and_resumes(tmp_path):
   assert set(summary["final"]) == {"pg_mean", "pg_pass_at_k"}
   assert len(summary["final"]["pg_mean"]["pass@1"]) == 2  # one value per seed
   curve = summary["curves"]["pg_mean"][0]
-  assert curve["steps"] == [0, 2, 4] and curve["kl"][0] == 0.0
+  # the start, the trainer's first step (Orbax saves a run's first step), then every 2 steps
+  assert curve["steps"] == [0, 1, 2, 4] and curve["kl"][0] == 0.0
   assert "| policy gradient | mean |" in (out / "table.md").read_text()
 
   # An interrupted study: one run lost its evaluation and completion mark; the rest is kept.
