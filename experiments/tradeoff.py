@@ -237,6 +237,23 @@ def _write_json(path: str, data: Any) -> None:
   os.replace(tmp, path)
 
 
+def _record_provenance(study) -> None:
+  """Writes, once per study directory, the ksjax commit the study started at: floating-point
+  results (and so every number) can change with the code, so they are tied to a commit."""
+  path = os.path.join(study.out, "provenance.json")
+  if os.path.exists(path):
+    return
+  def git(*args: str) -> str | None:
+    try:
+      return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                            check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+      return None
+  status = git("status", "--porcelain", "--untracked-files=no")
+  _write_json(path, {"commit": git("rev-parse", "HEAD"),
+                     "uncommitted_changes": None if status is None else bool(status)})
+
+
 def _done_path(study, name: str) -> str:
   return os.path.join(study.out, "runs", name, "study_done.json")
 
@@ -598,12 +615,14 @@ def report(study, argv_command: str) -> None:
   found = [c for algorithm in study.algorithms
            for c in claims(data["final"], data["curves"], algorithm, study.k, study.eval.ks)]
   timing = _read_json(os.path.join(study.out, "timing.json"), {})
+  provenance = _read_json(os.path.join(study.out, "provenance.json"), {})
   done = {r.name: _read_json(_done_path(study, r.name)) for r in runs_of(study)}
   settings = study.to_dict()
   # The output directory as the command names it (relative to the repository when inside it).
   if os.path.commonpath([study.out, REPO]) == REPO:
     settings["out"] = os.path.relpath(study.out, REPO)
-  summary = {"study": settings, "command": argv_command, "timing": timing,
+  summary = {"study": settings, "command": argv_command, "provenance": provenance,
+             "timing": timing,
              "runs": done, "claims": found, "final": data["final"],
              "curves": data["curves"], "start": data["start"]["metrics"]}
   _write_json(os.path.join(study.out, "summary.json"), summary)
@@ -615,7 +634,11 @@ def report(study, argv_command: str) -> None:
       "# Trade-off study: results",
       "",
       f"Produced by `{argv_command}` (every file in this directory; regenerate with the same "
-      "command, after deleting the directory for a fresh study).",
+      "command, after deleting the directory for a fresh study)"
+      + (f" at ksjax commit `{provenance['commit'][:7]}`"
+         + (" with uncommitted changes" if provenance.get("uncommitted_changes") else "")
+         if provenance.get("commit") else "")
+      + ". Floating-point results depend on the code, so an exact regeneration needs that commit.",
       "",
       f"Setup: embedded task levels {tuple(study.levels)}, {study.eval.test_per_level} held-out "
       f"problems per level, tiny Llama; one supervised warm-up of {study.warmup_steps} steps is "
@@ -684,6 +707,7 @@ def main(argv: Sequence[str]) -> None:
     worker(study)
     return
   os.makedirs(study.out, exist_ok=True)
+  _record_provenance(study)
   flags_given = [a for a in sys.argv[1:] if not a.startswith("--study.worker")]
   command = " ".join(["python experiments/tradeoff.py", *flags_given])
   started = time.time()

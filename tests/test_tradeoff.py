@@ -116,9 +116,12 @@ def test_smoke_study_writes_everything_and_resumes(tmp_path):
   first = _study(out)
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   for name in ("README.md", "table.md", "summary.json", "metrics_vs_step.png",
-               "metrics_vs_kl.png", "pass_at_k_vs_k.png", "timing.json"):
+               "metrics_vs_kl.png", "pass_at_k_vs_k.png", "timing.json", "provenance.json"):
     assert (out / name).is_file(), name
   summary = json.loads((out / "summary.json").read_text())
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                        check=False).stdout.strip()
+  assert summary["provenance"]["commit"] == (head or None)
   assert set(summary["final"]) == {"pg_mean", "pg_pass_at_k"}
   assert len(summary["final"]["pg_mean"]["pass@1"]) == 2  # one value per seed
   curve = summary["curves"]["pg_mean"][0]
