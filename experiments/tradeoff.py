@@ -47,7 +47,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from absl import app
-from absl import flags
 import ml_collections
 from ml_collections import config_flags
 import numpy as np
@@ -188,11 +187,7 @@ def run_config(study, run: Run) -> ml_collections.ConfigDict:
 
 def eval_config(study, train_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The eval binary's config (configs/eval.py) for every checkpoint of a run."""
-  spec = importlib.util.spec_from_file_location("ksjax_study_eval_config",
-                                                os.path.join(CONFIGS, "eval.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = _load_config("eval")
   config.checkpoint_dir = train_config.workdir
   config.steps = "all"
   config.num_samples = study.eval.num_samples
@@ -204,8 +199,12 @@ def eval_config(study, train_config: ml_collections.ConfigDict) -> ml_collection
   return config
 
 
-def eval_dir(study, workdir: str) -> str:
-  return os.path.join(workdir, "eval", f"test_n{study.eval.num_samples}_t1_p1")
+def eval_dir(study, train_config: ml_collections.ConfigDict) -> str:
+  """Where the eval binary writes a run's records: named by its own settings."""
+  from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  settings = settings_lib.validate(eval_config(study, train_config))
+  return os.path.join(train_config.workdir, runner.EVAL_DIR, settings.output_name())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,10 +230,8 @@ def _read_json(path: str, default: Any = None) -> Any:
 
 
 def _write_json(path: str, data: Any) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(data, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
+  results.write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _record_provenance(study) -> None:
@@ -283,7 +280,7 @@ def ensure_start(study) -> None:
   policy, _ = model.load_checkpoint(start_dir, mesh)
   evaluator = runner.Evaluator(
       s, checkpoints.RunDirectory(run_dir=config.workdir, steps_dir=start_dir), task,
-      runner.select_prompts(task, s), policy.cfg, mesh, eval_dir(study, config.workdir))
+      runner.select_prompts(task, s), policy.cfg, mesh, eval_dir(study, config))
   os.makedirs(evaluator.output_dir, exist_ok=True)
   record = evaluator.evaluate_policy(0, policy, start_dir)
   _say("start: " + runner.headline(record["metrics"], s.ks))
@@ -511,15 +508,15 @@ def claims(final: Mapping[str, Mapping[str, Sequence[float]]],
 
 def collect(study) -> dict[str, Any]:
   """Every run's curves, the start, and the per-seed final values."""
-  start_records = _records(eval_dir(study, os.path.join(study.out, "runs", "start")))
+  from ksjax.trainer import metrics  # pylint: disable=g-import-not-at-top
+  start_records = _records(eval_dir(study, start_config(study)))
   start = start_records[0]
   curves: dict[str, list[dict]] = {}
   final: dict[str, dict[str, list[float]]] = {}
   for run in runs_of(study):
-    workdir = os.path.join(study.out, "runs", run.name)
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"),
-                                              encoding="utf-8")]
-    curve = run_curves(_records(eval_dir(study, workdir)), rows, study.kl_window, start)
+    config = run_config(study, run)
+    rows = metrics.read_jsonl(os.path.join(config.workdir, metrics.JSONL))
+    curve = run_curves(_records(eval_dir(study, config)), rows, study.kl_window, start)
     key = f"{run.algorithm}_{run.variant}"
     curves.setdefault(key, []).append(curve)
     values = final.setdefault(key, {})
@@ -610,6 +607,7 @@ def figures(study, data: Mapping[str, Any]) -> list[str]:
 
 def report(study, argv_command: str) -> None:
   """Phase 4: table.md, summary.json, the figures and README.md in `study.out`."""
+  from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
   data = collect(study)
   table_text = table(study, data)
   found = [c for algorithm in study.algorithms
@@ -626,9 +624,7 @@ def report(study, argv_command: str) -> None:
              "runs": done, "claims": found, "final": data["final"],
              "curves": data["curves"], "start": data["start"]["metrics"]}
   _write_json(os.path.join(study.out, "summary.json"), summary)
-  with open(os.path.join(study.out, "table.md.tmp"), "w", encoding="utf-8") as f:
-    f.write(table_text + "\n")
-  os.replace(os.path.join(study.out, "table.md.tmp"), os.path.join(study.out, "table.md"))
+  results.write_atomic(os.path.join(study.out, "table.md"), table_text + "\n")
   figures(study, data)
   lines = [
       "# Trade-off study: results",
@@ -679,9 +675,7 @@ def report(study, argv_command: str) -> None:
             f"{study.workers} worker process(es).", "",
             "Figures: `metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`; every "
             "number: `summary.json`; per-checkpoint records: `runs/<run>/eval/`."]
-  with open(os.path.join(study.out, "README.md.tmp"), "w", encoding="utf-8") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(os.path.join(study.out, "README.md.tmp"), os.path.join(study.out, "README.md"))
+  results.write_atomic(os.path.join(study.out, "README.md"), "\n".join(lines) + "\n")
   _say(f"report: {os.path.join(study.out, 'README.md')}")
   print(table_text, flush=True)
 
