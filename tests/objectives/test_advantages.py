@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import objectives_naive
+from tests.support import objectives_naive
 from ksjax import objectives
 from ksjax.objectives import enumerated
 

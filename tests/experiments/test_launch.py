@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from tests import support
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(support.REPO)
 TPU = os.path.join(ROOT, "experiments", "launch_tpu_pod.sh")
 GPU = os.path.join(ROOT, "experiments", "launch_gpu_cluster.sh")
 WHERE = ["--zone=us-central2-b", "--project=proj"]

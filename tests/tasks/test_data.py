@@ -10,7 +10,7 @@ import grain
 import orbax.checkpoint as ocp
 import pytest
 
-import dataset_files
+from tests.support import dataset_files
 from ksjax.tasks import data, synthetic
 from ksjax.tasks.base import DataError
 

@@ -10,7 +10,7 @@ import shutil
 
 from ksjax.tasks import code_data, math_data
 
-MATH_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "math")
+MATH_FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "math")
 
 
 def write_jsonl(path, rows):

@@ -30,7 +30,7 @@ from ksjax.bandit import variance
 from ksjax.bandit.variants import Variant
 from ksjax.config_validation import ConfigError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "configs"))
 import bandit as bandit_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -9,8 +9,9 @@ import pytest
 from ksjax.tasks.base import DataError
 from ksjax.tasks.math_data import (read_harp_jsonl, read_math500_jsonl, read_math_dir,
                                    read_records)
+from tests import support
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "math")
+FIXTURES = str(support.FIXTURES / "math")
 MATH_ROOT = os.path.join(FIXTURES, "MATH")
 
 

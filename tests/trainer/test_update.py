@@ -17,8 +17,9 @@ from ksjax import model
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import config as config_lib
 from ksjax.trainer import learner, rollout, sparse, update
+from tests import support
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
+CONFIG_DIR = str(support.REPO / "configs")
 TRAINER_CONFIGS = [os.path.join(CONFIG_DIR, f"{name}.py") for name in (
     "pass_at_k", "biased_pass_at_k", "majority_vote", "biased_majority_vote", "mean",
     "ppo_pass_at_k", "grpo_pass_at_k", "dr_grpo_pass_at_k", "pkpo_pass_at_k",

@@ -16,8 +16,9 @@ import pytest
 from ksjax import distributed
 from ksjax.config_validation import ConfigError
 from ksjax.tools import local_cluster
+from tests import support
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(support.REPO)
 TINY = [
     "--config=configs/pass_at_k.py", "--config.model.hidden_size=32",
     "--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.num_kv_heads=1",

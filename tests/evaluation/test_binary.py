@@ -19,7 +19,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.evaluation import checkpoints, estimators, results, runner
 from ksjax.evaluation import settings as settings_lib
 
-import eval_run
+from tests.support import eval_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -12,8 +12,9 @@ from ksjax.tasks.math_checker import Verdict
 from ksjax.tasks.math_data import read_harp_jsonl
 from ksjax.tasks.math_task import MathTask
 from ksjax.tasks.synthetic import make_tokenizer
+from tests import support
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "math")
+FIXTURES = str(support.FIXTURES / "math")
 TIMEOUT_S = 1.0
 
 

@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from tests import support
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(support.REPO)
 SCRIPT = os.path.join(REPO, "experiments", "tradeoff.py")
 
 

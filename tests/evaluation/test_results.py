@@ -12,7 +12,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.evaluation import results
 from ksjax.evaluation import settings as settings_lib
 
-import eval_run
+from tests.support import eval_run
 
 
 def _record(step: int, correct_gn: np.ndarray, metadata, ids_gn=None) -> dict:

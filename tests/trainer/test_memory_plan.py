@@ -15,6 +15,7 @@ import pytest
 from ksjax import planning
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import defaults
+from tests import support
 
 VOCAB = 100
 # Tiny preset, by hand: per layer q, k, v, o, gate/up/down, two norm scales; then the tied
@@ -161,7 +162,7 @@ def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
 
 
 def test_the_command_line_tool_on_fake_devices(tmp_path):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = str(support.REPO)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device by default
   tool = [sys.executable, "-m", "ksjax.tools.plan",
           f"--config={os.path.join(root, 'configs', 'pass_at_k.py')}", "--fake_devices=4",

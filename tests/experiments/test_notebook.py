@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-import eval_run
+from tests.support import eval_run
 
 NOTEBOOK = eval_run.REPO / "experiments" / "analysis.ipynb"
 

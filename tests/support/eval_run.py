@@ -16,7 +16,7 @@ import sys
 import filelock
 import ml_collections
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 EVAL_ARGS = ("--config.num_samples=4", "--config.ks=1,2,4", "--config.batch_prompts=8")
 # The trainer's tiny run: the embedded task at levels 1-2 (3 test problems each), 3 RL steps of
 # 2 prompts x 2 completions, a checkpoint at every step.

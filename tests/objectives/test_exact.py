@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import objectives_naive
+from tests.support import objectives_naive
 from ksjax import objectives
 
 BETA = 1.3

@@ -2,7 +2,7 @@
 
 import pytest
 
-import dataset_files
+from tests.support import dataset_files
 from ksjax.tasks import data, registry, synthetic
 from ksjax.tasks.base import DataError, GroupScore, Task
 

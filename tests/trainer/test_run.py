@@ -19,8 +19,9 @@ from ksjax import model
 from ksjax.config_validation import ConfigError
 from ksjax.trainer import checkpointing, metrics
 from ksjax.trainer import loop
+from tests import support
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+REPO = str(support.REPO)
 TINY = {
     "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
     "model.head_dim": 16, "model.intermediate_size": 64, "mesh": (1, 1, 1),
