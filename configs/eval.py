@@ -4,7 +4,7 @@ Run: python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=runs/
      python -m ksjax.eval --config=configs/eval.py:<train config> ...   (e.g. :grpo_pass_at_k)
 
 `config.run` is the trainer config that says which task and model the checkpoints hold, and the
-mesh: by default the default CPU run's config (`defaults.embedded_task_config`, which every
+mesh: by default the default CPU run's config (`ksjax.run.config.embedded_task_config`, which every
 CPU config in configs/ starts from); after the colon, the name of another config file in this directory. Its fields
 can be set like any other (`--config.run.model.dtype=bfloat16`, `--config.run.mesh=1,1,8`). The
 evaluation's own settings are the top-level fields below.
@@ -16,12 +16,12 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def _train_config(name: str | None) -> ml_collections.ConfigDict:
   if not name:
-    return defaults.embedded_task_config()
+    return run_config.embedded_task_config()
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"configs/eval.py:{name}: no trainer config {path}")

@@ -2,11 +2,11 @@
 divided by the group's standard deviation, PPO's clipped ratio without a value model, and GRPO's
 per-sequence token mean."""
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.embedded_task_config()
+  config = run_config.embedded_task_config()
   config.workdir = "runs/grpo_pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo_demeaned"

@@ -3,11 +3,11 @@
 Answer classes come from the task's scorer (equal answers vote together).
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.embedded_task_config()
+  config = run_config.embedded_task_config()
   config.workdir = "runs/majority_vote"
   config.aggregator = "majority_vote"
   config.baseline = "loo"

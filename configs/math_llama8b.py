@@ -8,11 +8,11 @@ The paper warms up with supervised fine-tuning on MATH's training solutions; it 
 settings, so the ones below are a starting point.
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.accelerator_config(task="math", preset="llama3.1-8b", k=4, mesh=(1, -1, 1),
+  config = run_config.accelerator_config(task="math", preset="llama3.1-8b", k=4, mesh=(1, -1, 1),
                                        max_new_tokens=1024, eval_top_p=1.0)
   config.aggregator = "pass_at_k"
   config.baseline = "loo"

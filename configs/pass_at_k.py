@@ -4,14 +4,14 @@ Run: python -m ksjax.main --config=configs/pass_at_k.py [--config.field=value ..
 
 The embedded synthetic task and a tiny Llama on CPU: a supervised warm-up on reference
 solutions, pass@k training, and a held-out evaluation at the warmed-up start and at the end.
-Every field and its default: ksjax/trainer/defaults.py.
+Every field and its default: ksjax/run/config.py.
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.embedded_task_config()
+  config = run_config.embedded_task_config()
   config.workdir = "runs/pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo"

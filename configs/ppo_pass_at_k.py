@@ -5,11 +5,11 @@ Two epochs of two mini-batches per batch of completions, so later optimizer step
 and the clipping matters. The value loss reads every completion: no sparse updates.
 """
 
-from ksjax.trainer import defaults
+from ksjax.run import config as run_config
 
 
 def get_config():
-  config = defaults.embedded_task_config()
+  config = run_config.embedded_task_config()
   config.workdir = "runs/ppo_pass_at_k"
   config.aggregator = "pass_at_k"
   config.baseline = "loo"

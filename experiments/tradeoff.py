@@ -51,6 +51,9 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
+from ksjax import files
+from ksjax.run.directory import RunDirectory
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
 VARIANTS = ("mean", "pass_at_k", "biased_pass_at_k", "pkpo_pass_at_k", "majority_vote",
@@ -83,7 +86,7 @@ def study_config() -> ml_collections.ConfigDict:
   c.k = 4
   c.steps = 300
   c.checkpoint_every = 60
-  c.learning_rate = 1e-4  # the default run's (ksjax.trainer.defaults.embedded_task_config)
+  c.learning_rate = 1e-4  # the default run's (ksjax.run.config.embedded_task_config)
   c.kl_window = 10
   c.eval = ml_collections.ConfigDict()
   c.eval.test_per_level = 40
@@ -177,7 +180,7 @@ def run_config(study, run: Run) -> ml_collections.ConfigDict:
   config.n = int(samples_per_prompt * study.k) if config.n else None
   config.batch_prompts = completions // (config.n or config.k)
   config.seed = run.seed
-  config.init_checkpoint = os.path.join(study.out, "runs", "start", "start")
+  config.init_checkpoint = RunDirectory(os.path.join(study.out, "runs", "start")).start_dir
   config.sft_warmup.steps = 0
   config.num_steps = study.steps
   config.checkpoint_every = study.checkpoint_every
@@ -201,10 +204,9 @@ def eval_config(study, train_config: ml_collections.ConfigDict) -> ml_collection
 
 def eval_dir(study, train_config: ml_collections.ConfigDict) -> str:
   """Where the eval binary writes a run's records: named by its own settings."""
-  from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
   from ksjax.evaluation import settings as settings_lib  # pylint: disable=g-import-not-at-top
   settings = settings_lib.validate(eval_config(study, train_config))
-  return os.path.join(train_config.workdir, runner.EVAL_DIR, settings.output_name())
+  return RunDirectory(train_config.workdir).eval_dir(settings.output_name())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,8 +232,7 @@ def _read_json(path: str, default: Any = None) -> Any:
 
 
 def _write_json(path: str, data: Any) -> None:
-  from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
-  results.write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+  files.write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _record_provenance(study) -> None:
@@ -258,31 +259,28 @@ def _done_path(study, name: str) -> str:
 def ensure_start(study) -> None:
   """Phase 1: the warm-up and the start's evaluation (step 0 of every run)."""
   from ksjax import model  # pylint: disable=g-import-not-at-top
-  from ksjax.evaluation import checkpoints, runner  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
   from ksjax.evaluation import settings as settings_lib  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
-  from ksjax.trainer import tasks as trainer_tasks  # pylint: disable=g-import-not-at-top
 
   if os.path.exists(_done_path(study, "start")):
     return
   started = time.time()
   config = start_config(study)
-  start_dir = os.path.join(config.workdir, "start")
-  if not os.path.isdir(os.path.join(config.workdir, "final")):
+  start = RunDirectory(config.workdir)
+  if not os.path.isdir(start.final_dir):
     _say(f"start: supervised warm-up, {study.warmup_steps} steps")
     loop.run(config)
   # The start is a ksjax.model checkpoint, not a trainer step: the eval binary's Evaluator
   # evaluates it as loaded, with the same settings and estimators as every checkpoint.
   evaluation = eval_config(study, config)
   s = settings_lib.validate(evaluation)
-  task = trainer_tasks.make_task(config)
-  mesh = model.make_mesh(s.mesh)
-  policy, _ = model.load_checkpoint(start_dir, mesh)
-  evaluator = runner.Evaluator(
-      s, checkpoints.RunDirectory(run_dir=config.workdir, steps_dir=start_dir), task,
-      runner.select_prompts(task, s), policy.cfg, mesh, eval_dir(study, config))
+  task = runner.open_task(s)
+  evaluator = runner.open_evaluator(s, RunDirectory(config.workdir, start.start_dir), task,
+                                    eval_dir(study, config))
+  policy, _ = model.load_checkpoint(start.start_dir, evaluator.mesh)
   os.makedirs(evaluator.output_dir, exist_ok=True)
-  record = evaluator.evaluate_policy(0, policy, start_dir)
+  record = evaluator.evaluate_policy(0, policy, start.start_dir)
   _say("start: " + runner.headline(record["metrics"], s.ks))
   _record_time(study, "start", time.time() - started)
   _write_json(_done_path(study, "start"), {"seconds": time.time() - started})
@@ -297,8 +295,9 @@ def run_one(study, run: Run) -> None:
     return
   config = run_config(study, run)
   started = time.time()
-  if not os.path.isdir(os.path.join(config.workdir, "final")):
-    config.resume = os.path.isdir(os.path.join(config.workdir, "checkpoints"))
+  run_dir = RunDirectory(config.workdir)
+  if not os.path.isdir(run_dir.final_dir):
+    config.resume = os.path.isdir(run_dir.steps_dir)
     loop.run(config)
   trained = time.time()
   runner.run(eval_config(study, config))
@@ -515,7 +514,7 @@ def collect(study) -> dict[str, Any]:
   final: dict[str, dict[str, list[float]]] = {}
   for run in runs_of(study):
     config = run_config(study, run)
-    rows = metrics.read_jsonl(os.path.join(config.workdir, metrics.JSONL))
+    rows = metrics.read_jsonl(RunDirectory(config.workdir).metrics_jsonl)
     curve = run_curves(_records(eval_dir(study, config)), rows, study.kl_window, start)
     key = f"{run.algorithm}_{run.variant}"
     curves.setdefault(key, []).append(curve)
@@ -624,7 +623,7 @@ def report(study, argv_command: str) -> None:
              "runs": done, "claims": found, "final": data["final"],
              "curves": data["curves"], "start": data["start"]["metrics"]}
   _write_json(os.path.join(study.out, "summary.json"), summary)
-  results.write_atomic(os.path.join(study.out, "table.md"), table_text + "\n")
+  files.write_text(os.path.join(study.out, "table.md"), table_text + "\n")
   figures(study, data)
   lines = [
       "# Trade-off study: results",
@@ -675,7 +674,7 @@ def report(study, argv_command: str) -> None:
             f"{study.workers} worker process(es).", "",
             "Figures: `metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`; every "
             "number: `summary.json`; per-checkpoint records: `runs/<run>/eval/`."]
-  results.write_atomic(os.path.join(study.out, "README.md"), "\n".join(lines) + "\n")
+  files.write_text(os.path.join(study.out, "README.md"), "\n".join(lines) + "\n")
   _say(f"report: {os.path.join(study.out, 'README.md')}")
   print(table_text, flush=True)
 

@@ -65,6 +65,56 @@ def real(config: Any, field: str, *, lo: float | None = None, hi: float | None =
   return float(value)
 
 
+def boolean(config: Any, field: str) -> bool:
+  value = get(config, field)
+  if not isinstance(value, bool):
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected True or False")
+  return value
+
+
+def string(config: Any, field: str, *, allow_none: bool = False) -> str | None:
+  value = get(config, field)
+  if value is None and allow_none:
+    return None
+  if not isinstance(value, str) or not value:
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected a non-empty string"
+                      + (" or None" if allow_none else ""))
+  return value
+
+
+def optional_real(config: Any, field: str, **bounds) -> float | None:
+  """`real`, or None when the field holds None."""
+  return None if get(config, field) is None else real(config, field, **bounds)
+
+
+def int_tuple(config: Any, field: str, *, length: int | None = None,
+              lo: int | None = None) -> tuple[int, ...]:
+  value = get(config, field)
+  ok = isinstance(value, (tuple, list)) and all(
+      isinstance(v, int) and not isinstance(v, bool) for v in value) and len(value) > 0
+  if ok and length is not None:
+    ok = len(value) == length
+  if ok and lo is not None:
+    ok = all(v >= lo for v in value)
+  if not ok:
+    what = f"{length} integers" if length else "a non-empty tuple of integers"
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected {what}"
+                      + (f" >= {lo}" if lo is not None else ""))
+  return tuple(value)
+
+
+def known_fields(config: Any, reference: Any, what: str, prefix: str = "") -> None:
+  """Refuses fields that `reference` (the base config) does not define: a typo in a config
+  file."""
+  for key in config.keys():
+    if key not in reference:
+      raise ConfigError(f"config.{prefix}{key} is not a field of {what}; the fields "
+                        f"are {', '.join(sorted(prefix + k for k in reference.keys()))}")
+    value, ref = config[key], reference[key]
+    if hasattr(ref, "keys") and hasattr(value, "keys"):
+      known_fields(value, ref, what, f"{prefix}{key}.")
+
+
 def _range(lo, hi, lo_open=False, hi_open=False) -> str:
   if lo is None and hi is None:
     return ""

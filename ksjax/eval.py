@@ -39,7 +39,8 @@ def main(argv):
           "--config.checkpoint_dir=runs/pass_at_k)", file=sys.stderr)
     sys.exit(2)
   # Imported here so that --help and a missing --config answer without loading jax.
-  from ksjax.evaluation import checkpoints, runner  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
+  from ksjax.run import checkpoints  # pylint: disable=g-import-not-at-top
   try:
     runner.run(config)
   except (ConfigError, checkpoints.CheckpointInputError) as e:

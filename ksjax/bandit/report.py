@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -18,32 +16,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 
+from ksjax.files import atomic_write
+
 CURVE_COLUMNS = ("step", "variant", "mean_reward", "mean_reward_std", "pass_at_k", "pass_at_k_std",
                  "kl", "kl_std")
-
-
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-  """Calls write(temporary_path) in path's folder, then renames the result to path."""
-  folder, name = os.path.split(os.path.abspath(path))
-  root, extension = os.path.splitext(name)
-  fd, tmp = tempfile.mkstemp(prefix=f".{root}.", suffix=f".tmp{extension}", dir=folder)
-  os.close(fd)
-  umask = os.umask(0)
-  os.umask(umask)
-  try:
-    write(tmp)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-
-
-def write_text(path: str, text: str) -> None:
-  def write(tmp):
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-  atomic_write(path, write)
 
 
 def curves_csv(curves: Mapping[str, Mapping[str, np.ndarray]]) -> str:

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from ksjax import config_validation as cv
+from ksjax import files
 from ksjax import objectives
 from ksjax.bandit import comparisons
 from ksjax.bandit import exact
@@ -160,9 +161,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
   summary = _summary(settings, curves, errors)
   print(summary, end="", flush=True)
   os.makedirs(settings.workdir, exist_ok=True)
-  report.write_text(os.path.join(settings.workdir, "config.json"), config.to_json(indent=2) + "\n")
-  report.write_text(os.path.join(settings.workdir, "curves.csv"), report.curves_csv(curves))
-  report.write_text(os.path.join(settings.workdir, "summary.txt"), summary)
+  files.write_text(os.path.join(settings.workdir, "config.json"), config.to_json(indent=2) + "\n")
+  files.write_text(os.path.join(settings.workdir, "curves.csv"), report.curves_csv(curves))
+  files.write_text(os.path.join(settings.workdir, "summary.txt"), summary)
   report.plot_curves(
       os.path.join(settings.workdir, "curves.png"), curves,
       {v.key: v.label for v in settings.variants}, k=settings.k,

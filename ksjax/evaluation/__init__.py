@@ -1,12 +1,13 @@
-"""Evaluation of saved checkpoints, apart from training: `python -m ksjax.eval`.
+"""The eval binary's package: evaluation of a run's checkpoints apart from training
+(`python -m ksjax.eval`).
 
-Files, one concept each: estimators.py (unbiased pass@k, maj@k and mean reward from n samples
-per problem, pure numpy), settings.py (the eval config's validation), checkpoints.py (read-only
-access to a trainer run's checkpoints: steps, shapes, parameters onto a mesh), results.py (a
-checkpoint's record, summaries and averages, atomic JSON/CSV files), plots.py (the figures),
-runner.py (the binary's job: checkpoints -> samples -> scores -> files; watch mode).
+"Evaluation" in ksjax means this: sampling n completions per held-out problem from a policy and
+estimating pass@k, maj@k and the mean reward (`ksjax.run.scoring`, with the estimators of
+`ksjax.objectives.estimates`). The trainer's own evaluation at the start and the end of a run
+(`ksjax.trainer.held_out`) runs the same function.
+
+Files, one concept each: settings.py (the eval config's validation), results.py (a checkpoint's
+record, summaries and averages, atomic JSON/CSV files), plots.py (the figures), runner.py (the
+binary's job: checkpoints -> samples -> scores -> files; watch mode). The checkpoints themselves
+are read through `ksjax.run.checkpoints`.
 """
-
-from ksjax.evaluation.estimators import maj_at_k, mean_reward, pass_at_k, pass_at_ks
-
-__all__ = ["maj_at_k", "mean_reward", "pass_at_k", "pass_at_ks"]

@@ -19,6 +19,8 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from ksjax import files
+
 PASS_AT_K_PNG = "pass_at_k.png"
 METRICS_PNG = "metrics_vs_step.png"
 
@@ -54,9 +56,8 @@ def metric_vs_kl(ax, kl: Sequence[float], values: Sequence[float], label: str | 
 
 def save(fig: Figure, path: str) -> None:
   """Saves `fig` as PNG atomically (temporary file, then rename)."""
-  tmp = f"{path}.tmp{os.getpid()}.png"
-  fig.savefig(tmp, dpi=120, bbox_inches="tight")
-  os.replace(tmp, path)
+  files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight",
+                                                   format="png"))
 
 
 def pass_at_k_figure(records: Sequence[Mapping[str, Any]], path: str) -> None:

@@ -23,64 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ksjax.evaluation import estimators
+from ksjax import files
+from ksjax.objectives import estimates
+from ksjax.run import scoring
 
 STEP_FILE = "step_{step:08d}.json"
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 AVERAGE_STEM = "average_last{count}"
-ALL = "all"  # the group of every problem
-
-
-def metric_names(ks: Sequence[int]) -> list[str]:
-  return ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
-
-
-def per_problem(correct_gn: np.ndarray, answer_ids_gn: np.ndarray, rewards_gn: np.ndarray,
-                ks: Sequence[int]) -> dict[str, np.ndarray]:
-  """Each metric's estimate per problem, float64 [G], from n samples per problem ([G, n])."""
-  n = correct_gn.shape[1]
-  num_correct_g = correct_gn.sum(axis=1)
-  out = {"reward": estimators.mean_reward(rewards_gn)}
-  for k in ks:
-    out[f"pass@{k}"] = estimators.pass_at_k(num_correct_g, n, k)
-  for k in ks:
-    out[f"maj@{k}"] = estimators.maj_at_k(answer_ids_gn, correct_gn, k)
-  return out
-
-
-def group_masks(metadata: Sequence[Mapping[str, Any]],
-                breakdown: Sequence[str]) -> dict[str, np.ndarray]:
-  """"all" and "<field>=<value>" for each breakdown field the problems carry -> bool [G]."""
-  masks = {ALL: np.ones(len(metadata), bool)}
-  for field in breakdown:
-    values = sorted({str(m[field]) for m in metadata if m.get(field) is not None},
-                    key=_natural)
-    for value in values:
-      masks[f"{field}={value}"] = np.asarray([str(m.get(field)) == value for m in metadata])
-  return masks
-
-
-def _natural(text: str):
-  """Sort "level=10" after "level=9"."""
-  return (0, float(text), text) if _is_number(text) else (1, 0.0, text)
-
-
-def _is_number(text: str) -> bool:
-  try:
-    float(text)
-  except ValueError:
-    return False
-  return True
-
-
-def summarize(values: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray]) -> dict:
-  """{group: {"num_problems": g, metric: mean over the group's problems}}."""
-  out = {}
-  for group, mask in masks.items():
-    out[group] = {"num_problems": int(mask.sum()),
-                  **{name: float(v[mask].mean()) for name, v in values.items()}}
-  return out
 
 
 def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: Sequence[int],
@@ -88,8 +38,8 @@ def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: 
                 breakdown: Sequence[str], correct_gn: np.ndarray, answer_ids_gn: np.ndarray,
                 rewards_gn: np.ndarray, seconds: float) -> dict[str, Any]:
   """The record of one checkpoint's evaluation (see the module docstring)."""
-  values = per_problem(correct_gn, answer_ids_gn, rewards_gn, ks)
-  groups = summarize(values, group_masks(metadata, breakdown))
+  values = scoring.per_problem(correct_gn, answer_ids_gn, rewards_gn, ks)
+  groups = scoring.summarize(values, scoring.group_masks(metadata, breakdown))
   num_problems, n = correct_gn.shape
   problems: dict[str, list] = {"id": list(prompt_ids)}
   for field in breakdown:
@@ -97,9 +47,9 @@ def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: 
       problems[field] = [m.get(field) for m in metadata]
   problems["num_correct"] = correct_gn.sum(axis=1).tolist()
   problems["classes"] = [
-      [[size, int(value)] for size, value in estimators.answer_class_profile(ids, ok)]
+      [[size, int(value)] for size, value in estimates.answer_class_profile(ids, ok)]
       for ids, ok in zip(answer_ids_gn, correct_gn)]
-  everyone = groups.pop(ALL)
+  everyone = groups.pop(scoring.ALL)
   return {"step": int(step), "checkpoint": checkpoint, "sampling": dict(sampling),
           "ks": list(ks), "num_problems": num_problems, "num_samples": n,
           "seconds": float(seconds), "samples_per_second": num_problems * n / max(seconds, 1e-9),
@@ -124,7 +74,7 @@ def average(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def rows(record: Mapping[str, Any], label: Any) -> list[dict[str, Any]]:
   """CSV rows of a record or an average: one for every problem, one per group."""
-  out = [{"step": label, "group": ALL, "num_problems": record.get("num_problems", ""),
+  out = [{"step": label, "group": scoring.ALL, "num_problems": record.get("num_problems", ""),
           **record["metrics"]}]
   for group, values in record["groups"].items():
     out.append({"step": label, "group": group, **values})
@@ -135,18 +85,6 @@ def rows(record: Mapping[str, Any], label: Any) -> list[dict[str, Any]]:
 # Files
 # ---------------------------------------------------------------------------------------------
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file in the same directory and a rename."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def write_json(path: str, data: Any) -> None:
-  write_atomic(path, json.dumps(data, indent=1) + "\n")
-
-
 def write_csv(path: str, table: Sequence[Mapping[str, Any]]) -> None:
   columns: list[str] = []
   for row in table:
@@ -155,7 +93,7 @@ def write_csv(path: str, table: Sequence[Mapping[str, Any]]) -> None:
   writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
   writer.writeheader()
   writer.writerows(table)
-  write_atomic(path, buffer.getvalue())
+  files.write_text(path, buffer.getvalue())
 
 
 def load_records(output_dir: str, sampling: Mapping[str, Any] | None = None) -> list[dict]:
@@ -175,7 +113,7 @@ def load_records(output_dir: str, sampling: Mapping[str, Any] | None = None) -> 
 
 def save_step(output_dir: str, record: Mapping[str, Any]) -> str:
   path = os.path.join(output_dir, STEP_FILE.format(step=record["step"]))
-  write_json(path, record)
+  files.write_json(path, record)
   return path
 
 
@@ -183,12 +121,12 @@ def save_summaries(output_dir: str, records: Sequence[Mapping[str, Any]],
                    averaged: Mapping[str, Any] | None = None) -> list[str]:
   """results.json/.csv over `records`, and the average's files if one is given."""
   paths = [os.path.join(output_dir, RESULTS_JSON), os.path.join(output_dir, RESULTS_CSV)]
-  write_json(paths[0], {"records": [{k: v for k, v in r.items() if k != "problems"}
+  files.write_json(paths[0], {"records": [{k: v for k, v in r.items() if k != "problems"}
                                     for r in records]})
   write_csv(paths[1], [row for r in records for row in rows(r, r["step"])])
   if averaged is not None:
     stem = os.path.join(output_dir, AVERAGE_STEM.format(count=len(averaged["steps"])))
-    write_json(stem + ".json", averaged)
+    files.write_json(stem + ".json", averaged)
     label = "mean of " + " ".join(map(str, averaged["steps"]))
     write_csv(stem + ".csv", rows(averaged, label))
     paths += [stem + ".json", stem + ".csv"]

@@ -5,9 +5,10 @@ the checkpoint directory and the steps it names, the task split, and every selec
 checkpoint's parameter shapes against the model the run's config describes. Only then does it
 create the output directory (`<run dir>/eval/<split>_n<n>_t<T>_p<p>` unless config.output_dir
 says otherwise) and evaluate, one checkpoint at a time: restore the parameters onto the mesh,
-sample n completions per problem with the trainer's held-out evaluation loop
-(`ksjax.trainer.evaluation.evaluate`: `ksjax.sampling.generate`, then `Task.score`), estimate
-pass@k, maj@k and the mean reward (estimators.py), and write the step's record, the summaries and
+sample n completions per problem with the run layer's evaluation loop
+(`ksjax.run.scoring.evaluate`: `ksjax.sampling.generate`, then `Task.score`, as the trainer's
+own held-out evaluation), estimate pass@k, maj@k and the mean reward
+(`ksjax.objectives.estimates`), and write the step's record, the summaries and
 the figures (results.py, plots.py). A checkpoint already evaluated with the same sampling
 settings is read back instead of evaluated again.
 
@@ -32,15 +33,14 @@ import jax
 
 from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
-from ksjax.evaluation import checkpoints, plots, results
+from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
+from ksjax.run import checkpoints, policy, scoring
+from ksjax.run import tasks as run_tasks
+from ksjax.run.directory import RunDirectory, locate
+from ksjax.run.spec import TrainSpec
 from ksjax.tasks.base import Prompt, Task
-from ksjax.trainer import evaluation as trainer_evaluation
-from ksjax.trainer import policy as trainer_policy
-from ksjax.trainer import tasks as trainer_tasks
-
-EVAL_DIR = "eval"
 
 
 def _say(message: str) -> None:
@@ -48,14 +48,15 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def policy_config(run_config: Any, vocab_size: int) -> model.LlamaConfig:
-  """The LlamaConfig of the policy a trainer run with `run_config` trains: its shapes only.
+def policy_config(run: TrainSpec, vocab_size: int) -> model.LlamaConfig:
+  """The LlamaConfig of the policy the run trains: its shapes only.
 
-  The trainer's own `ksjax.trainer.policy.policy_config`, so evaluation can never disagree with
-  training about the model; its errors are re-worded to name the eval config's `run` fields.
+  The run layer's `ksjax.run.policy.policy_config`, as the trainer's, so evaluation can never
+  disagree with training about the model; its errors are re-worded to name the eval config's
+  `run` fields.
   """
   try:
-    return trainer_policy.policy_config(run_config, vocab_size)
+    return policy.policy_config(run.model, vocab_size, value_head=run.loss.value_head)
   except ConfigError as e:
     raise ConfigError(str(e).replace("config.", "config.run.", 1)) from None
 
@@ -69,7 +70,7 @@ def _describe(cfg: model.LlamaConfig) -> str:
 class Evaluator:
   """Evaluates checkpoints of one run on one set of problems with fixed settings."""
   settings: Settings
-  run: checkpoints.RunDirectory
+  run: RunDirectory
   task: Task
   prompts: Sequence[Prompt]
   cfg: model.LlamaConfig
@@ -93,9 +94,9 @@ class Evaluator:
            f"({results.STEP_FILE.format(step=step)}); reusing it")
       return self.records[step]
     started = time.perf_counter()
-    policy = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
+    restored = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
     restore_seconds = time.perf_counter() - started
-    return self.evaluate_policy(step, policy, os.path.join(self.run.steps_dir, str(step)),
+    return self.evaluate_policy(step, restored, self.run.step_dir(step),
                                 restore_seconds=restore_seconds)
 
   def evaluate_policy(self, step: int, policy: model.Llama, checkpoint: str, *,
@@ -107,17 +108,15 @@ class Evaluator:
       return self.records[step]
     s = self.settings
     loaded = time.perf_counter()
-    out = trainer_evaluation.evaluate(
-        policy, self.task, self.prompts, num_samples=s.num_samples, ks=(),
-        max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-        top_k=s.top_k, seed=s.seed, batch_prompts=s.batch_prompts, mesh=self.mesh)
+    out = scoring.evaluate(policy, self.task, self.prompts, s.draw(), seed=s.seed,
+                           batch_prompts=s.batch_prompts, mesh=self.mesh)
     seconds = time.perf_counter() - loaded
     del policy
     record = results.step_record(
         step=step, checkpoint=checkpoint,
         sampling=s.sampling(), ks=s.ks, prompt_ids=[p.id for p in self.prompts],
         metadata=[dict(p.metadata) for p in self.prompts], breakdown=s.breakdown,
-        correct_gn=out.correct, answer_ids_gn=out.answer_ids, rewards_gn=out.rewards,
+        correct_gn=out.correct_gn, answer_ids_gn=out.answer_ids_gn, rewards_gn=out.rewards_gn,
         seconds=seconds)
     self.records[step] = record
     if distributed.is_writer():
@@ -154,11 +153,31 @@ def select_prompts(task: Task, s: Settings) -> list[Prompt]:
   return prompts[:s.num_prompts] if s.num_prompts else prompts
 
 
+def open_evaluator(s: Settings, run_dir: RunDirectory, task: Task,
+                   output_dir: str | None = None) -> Evaluator:
+  """The Evaluator of `s` over `task`'s problems for the checkpoints in `run_dir`, writing to
+  `output_dir` (default: the run directory's folder for these settings)."""
+  prompts = select_prompts(task, s)
+  mesh = model.make_mesh(s.run.run.mesh)
+  cfg = policy_config(s.run, task.tokenizer.vocab_size)
+  output_dir = output_dir or s.output_dir or run_dir.eval_dir(s.output_name())
+  return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
+
+
+def open_task(s: Settings) -> Task:
+  """The run's task, scoring spread over the processes."""
+  return distributed.ShardedScoring(run_tasks.make_task(s.run.task, s.run.model, s.split))
+
+
 def run(config: Any) -> None:
   """Evaluates the checkpoints `config` names (see configs/eval.py for every field)."""
   distributed.initialize()  # joins the other hosts' processes, if any: before any computation
   s = settings_lib.validate(config)
-  run_dir = checkpoints.locate(s.checkpoint_dir)
+  run_dir = locate(s.checkpoint_dir)
+  if run_dir is None:
+    raise checkpoints.CheckpointInputError(
+        f"config.checkpoint_dir={os.path.abspath(s.checkpoint_dir)!r} does not exist or is not a "
+        "directory; expected a training run's workdir or its checkpoints/ directory")
   available = checkpoints.steps(run_dir)
   if not available and not s.watch:
     raise checkpoints.CheckpointInputError(
@@ -167,20 +186,17 @@ def run(config: Any) -> None:
   # Watch mode takes every checkpoint there is and every one to come.
   selected = (available if s.watch else
               settings_lib.select_steps(s.steps, available, run_dir.steps_dir))
-  task = distributed.ShardedScoring(trainer_tasks.make_task(config.run))
+  task = open_task(s)
   try:
-    prompts = select_prompts(task, s)
-    mesh = model.make_mesh(s.mesh)
-    cfg = policy_config(config.run, task.tokenizer.vocab_size)
-    output_dir = s.output_dir or os.path.join(run_dir.run_dir, EVAL_DIR, s.output_name())
-    evaluator = Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
+    evaluator = open_evaluator(s, run_dir, task)
     for step in selected:  # every selected checkpoint fits before anything is written
       evaluator.check(step)
     if distributed.is_writer():
-      os.makedirs(output_dir, exist_ok=True)
-    _say(f"evaluating {run_dir.steps_dir}: {len(prompts)} {s.split} problems x {s.num_samples} "
-         f"samples (temperature {s.temperature}, top-p {s.top_p}), {cfg.num_params:,} "
-         f"parameters on mesh {dict(mesh.shape)}; results in {output_dir}")
+      os.makedirs(evaluator.output_dir, exist_ok=True)
+    _say(f"evaluating {run_dir.steps_dir}: {len(evaluator.prompts)} {s.split} problems x "
+         f"{s.num_samples} samples (temperature {s.temperature}, top-p {s.top_p}), "
+         f"{evaluator.cfg.num_params:,} parameters on mesh {dict(evaluator.mesh.shape)}; results "
+         f"in {evaluator.output_dir}")
     if s.watch:
       follow(evaluator, s, done=set())
     else:
@@ -214,7 +230,7 @@ def follow(evaluator: Evaluator, s: Settings, *, done: set[int],
         evaluator.check(step)
         evaluator.evaluate(step)
       except (checkpoints.CheckpointInputError, OSError) as e:
-        if os.path.isdir(os.path.join(evaluator.run.steps_dir, str(step))):
+        if os.path.isdir(evaluator.run.step_dir(step)):
           raise
         # Deleted by the trainer's keep policy between listing and reading.
         print(f"warning: checkpoint {step} was removed before it could be read ({e}); skipped",

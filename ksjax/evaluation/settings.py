@@ -1,9 +1,9 @@
 """Start-up validation of an evaluation config (configs/eval.py), before anything is read or
 written.
 
-`validate(config)` checks every top-level field and the trainer config in `config.run` (with the
-trainer's own validation, so an evaluation accepts exactly the runs the trainer accepts), and
-returns the settings as a frozen dataclass. A bad value is a `ConfigError` naming the field and
+`validate(config)` checks every top-level field and the trainer config in `config.run` (with
+`ksjax.run.spec.from_config`, so an evaluation accepts exactly the runs the trainer accepts), and
+returns the settings as a frozen dataclass, with the run's spec. A bad value is a `ConfigError` naming the field and
 what it accepts.
 """
 
@@ -13,10 +13,9 @@ import dataclasses
 import re
 from typing import Any
 
-from ksjax.config_validation import ConfigError, get, integer, real
-from ksjax.trainer import config as train_config
-# The trainer's field checks, shared rather than copied (they belong in ksjax.config_validation).
-from ksjax.trainer.config import _boolean, _int_tuple, _string  # pylint: disable=protected-access
+from ksjax.config_validation import ConfigError, boolean, get, int_tuple, integer, real, string
+from ksjax.run import scoring
+from ksjax.run import spec as spec_lib
 
 STEP_CHOICES = "'latest', 'all', 'last:N' or step numbers 'S' / 'S1,S2,...'"
 
@@ -40,9 +39,9 @@ class Settings:
   batch_prompts: int
   seed: int
   breakdown: tuple[str, ...]
-  mesh: tuple[int, int, int]  # the run's (config.run.mesh), as the trainer shards
   output_dir: str | None
   plots: bool
+  run: spec_lib.TrainSpec  # the run's (config.run): its task, model and mesh
 
   def sampling(self) -> dict[str, Any]:
     """The fields that decide an evaluation's numbers: results are reused only when equal."""
@@ -50,6 +49,10 @@ class Settings:
             "num_samples": self.num_samples, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens,
             "batch_prompts": self.batch_prompts, "seed": self.seed}
+
+  def draw(self) -> scoring.Draw:
+    return scoring.Draw(num_samples=self.num_samples, max_new_tokens=self.max_new_tokens,
+                        temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
   def output_name(self) -> str:
     return f"{self.split}_n{self.num_samples}_t{self.temperature:g}_p{self.top_p:g}"
@@ -97,13 +100,13 @@ def validate(config: Any) -> Settings:
   if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
     raise ConfigError(f"config.checkpoint_dir={checkpoint_dir!r} is not accepted; expected the "
                       "directory of a training run (--config.checkpoint_dir=DIR)")
-  steps = _string(config, "steps")
+  steps = string(config, "steps")
   parse_steps(steps)
-  watch = _boolean(config, "watch")
+  watch = boolean(config, "watch")
   poll = real(config, "poll_interval_s", lo=0.0, lo_open=True)
   idle = None if get(config, "idle_timeout_s") is None else real(config, "idle_timeout_s", lo=0.0)
   n = integer(config, "num_samples", lo=1)
-  ks = _int_tuple(config, "ks", lo=1)
+  ks = int_tuple(config, "ks", lo=1)
   if max(ks) > n:
     raise ConfigError(f"config.ks={ks!r} is not accepted with config.num_samples={n}; expected "
                       f"every k <= num_samples (pass@{max(ks)} needs at least {max(ks)} samples "
@@ -114,20 +117,20 @@ def validate(config: Any) -> Settings:
     raise ConfigError(f"config.breakdown={breakdown!r} is not accepted; expected a tuple of "
                       "problem metadata field names, e.g. ('level', 'subject')")
   try:
-    derived = train_config.validate(config.run)
+    run = spec_lib.from_config(config.run)
   except ConfigError as e:
     raise ConfigError(str(e).replace("config.", "config.run.")) from None
   max_new = integer(config, "max_new_tokens", lo=1, allow_none=True)
   settings = Settings(
       checkpoint_dir=checkpoint_dir, steps=steps, watch=watch, poll_interval_s=poll,
-      idle_timeout_s=idle, split=_string(config, "split"),
+      idle_timeout_s=idle, split=string(config, "split"),
       num_prompts=integer(config, "num_prompts", lo=1, allow_none=True), num_samples=n,
       ks=tuple(sorted(set(ks))), temperature=real(config, "temperature", lo=0.0),
       top_p=real(config, "top_p", lo=0.0, hi=1.0, lo_open=True),
       top_k=integer(config, "top_k", lo=0),
-      max_new_tokens=derived.eval_max_new_tokens if max_new is None else max_new,
+      max_new_tokens=run.held_out.max_new_tokens if max_new is None else max_new,
       batch_prompts=integer(config, "batch_prompts", lo=1),
       seed=integer(config, "seed", lo=0, hi=2**31 - 1), breakdown=tuple(breakdown),
-      mesh=tuple(config.run.mesh), output_dir=_string(config, "output_dir", allow_none=True),
-      plots=_boolean(config, "plots"))
+      output_dir=string(config, "output_dir", allow_none=True), plots=boolean(config, "plots"),
+      run=run)
   return settings

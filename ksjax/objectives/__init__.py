@@ -5,7 +5,9 @@
 `objective_value` estimates that objective itself from the n samples. The mathematics, each
 baseline's target and the n > k U-statistics are in `advantages.py`; the closed forms in `mean.py`
 and `pass_at_k.py`; the exact subset enumeration for majority voting and softmax in
-`enumerated.py`.
+`enumerated.py`. What k samples achieve, estimated without bias from n >= k samples per problem
+(pass@k in Chen et al.'s product form, maj@k by a dynamic programme over vote counts) is in
+`estimates.py`, which evaluation and training logs use.
 """
 
 from ksjax.objectives.advantages import AGGREGATORS

@@ -10,20 +10,21 @@ devices of this machine, so on a TPU VM or GPU host it reports that backend's co
 reference, KV caches) on a device-free mesh of --fake_devices (or this machine's) devices: no
 program is compiled, so any device count takes seconds. `--memory_gb` lists device sizes to judge
 the plan against; `--json_out` writes the numbers. A bad config prints one line naming the field
-and exits with status 2. See `ksjax.planning`.
+and exits with status 2. See `ksjax.trainer.memory_plan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from ksjax import planning
+from ksjax import files
+from ksjax.run import spec as spec_lib
+from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -50,11 +51,11 @@ def plan_json(memory_plan: planning.MemoryPlan) -> dict:
   return out
 
 
-def exact_text(config, devices: int, prompt_len: int | None) -> str:
+def exact_text(spec: spec_lib.TrainSpec, devices: int, prompt_len: int | None) -> str:
   """Parameters, optimizer state, reference and KV caches per device on a device-free mesh."""
-  cfg, mesh = planning.resolve(config, devices)
-  shapes = planning.plan_shapes(config, mesh, prompt_len or planning.prompt_len_of(config))
-  held = planning.state_bytes(config, cfg, mesh)
+  cfg, mesh = planning.resolve(spec, devices)
+  shapes = planning.plan_shapes(spec, mesh, prompt_len or planning.prompt_len_of(spec))
+  held = planning.state_bytes(spec, cfg, mesh)
   train_cache, eval_cache = planning.sampler_caches(cfg, mesh, shapes)
   mesh_text = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
   gib = lambda b: f"{b / planning.GIB:10.2f} GiB"
@@ -83,22 +84,23 @@ def main(argv):
     print(f"plan: --memory_gb={','.join(_MEMORY_GB.value)} is not accepted; expected numbers",
           file=sys.stderr)
     sys.exit(2)
+  if _FAKE_DEVICES.value and not _EXACT_ONLY.value:
+    # Before anything asks jax for its devices (reading the spec runs the estimator once).
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
   try:
+    spec = spec_lib.from_config(_CONFIG.value)
     if _EXACT_ONLY.value:
-      print(exact_text(_CONFIG.value, _FAKE_DEVICES.value or jax.device_count(),
+      print(exact_text(spec, _FAKE_DEVICES.value or jax.device_count(),
                        _PROMPT_LEN.value))
       return
-    if _FAKE_DEVICES.value:  # before anything asks jax for its devices
-      jax.config.update("jax_platforms", "cpu")
-      jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
-    memory_plan = planning.plan(_CONFIG.value, prompt_len=_PROMPT_LEN.value)
+    memory_plan = planning.plan(spec, prompt_len=_PROMPT_LEN.value)
   except ConfigError as e:
     print(f"plan: bad config: {e}", file=sys.stderr)
     sys.exit(2)
   print(memory_plan.table(memory))
   if _JSON_OUT.value:
-    with open(_JSON_OUT.value, "w", encoding="utf-8") as f:
-      json.dump(plan_json(memory_plan), f, indent=1)
+    files.write_json(_JSON_OUT.value, plan_json(memory_plan))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ ratio pi_theta / pi_old and weight by min(pi_old / mu, is_cap), the sampler-lear
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import jax
@@ -25,26 +24,9 @@ import numpy as np
 
 from ksjax import distributed
 from ksjax.trainer import losses, sparse
+from ksjax.trainer.batch import MicroBatch
 from ksjax.trainer.rollout import Rollout
-from ksjax.trainer.update import CLIPPED, TrainState, Updater
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnConfig:
-  """How the completions of a step become optimizer steps."""
-  algorithm: str
-  aggregation: str
-  loss_constant: float
-  ppo_epochs: int
-  num_minibatches: int
-  micro_batch_size: int
-  sparse: bool            # drop zero-advantage rows (only when no loss term needs them)
-  batch_shards: int       # rows of every micro-batch split over this many devices
-
-
-def micro_batches(arrays: Mapping[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
-  """[rows, ...] -> [rows / micro, micro, ...] (rows must be a multiple of micro)."""
-  return {k: v.reshape(v.shape[0] // micro, micro, *v.shape[1:]) for k, v in arrays.items()}
+from ksjax.trainer.update import TrainState, Updater
 
 
 def _padded_rows(rows: np.ndarray, micro: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +40,10 @@ def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, m
                  values: bool = False) -> dict[str, np.ndarray]:
   """Learner log-probs (and V(x)) of the given rows, forward only, as host arrays [len(rows), T]."""
   padded, _ = _padded_rows(rows, micro)
-  batch = micro_batches({"tokens": rollout.tokens_rt[padded],
-                         "attention_mask": rollout.attention_mask_rt[padded]}, micro)
-  out = updater.forward(params, updater.place(batch), values=values,
+  split = lambda v: v.reshape(len(padded) // micro, micro, *v.shape[1:])
+  tokens_mmt, mask_mmt = (updater.place_rows(split(v)) for v in (
+      rollout.tokens_rt[padded], rollout.attention_mask_rt[padded]))
+  out = updater.forward(params, tokens_mmt, mask_mmt, values=values,
                         prompt_len=rollout.prompt_len)
   out = distributed.to_host(out)
   return {k: np.asarray(v).reshape(len(padded), *v.shape[2:])[:len(rows)] for k, v in out.items()}
@@ -73,9 +56,10 @@ def _micro_size(rows: int, micro: int, shards: int) -> int:
 
 
 def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np.ndarray,
-          cfg: LearnConfig, key: jax.Array,
+          key: jax.Array,
           ref_logp_rt: np.ndarray | None = None) -> tuple[TrainState, dict[str, float]]:
-  """All optimizer steps of one rollout. Returns the new state and the step's update metrics.
+  """All optimizer steps of one rollout, as `updater.loss` says (epochs, mini-batches, micro-
+  batches, sparse rows). Returns the new state and the step's update metrics.
 
   Args:
     advantage_r: float32 [R], the k-sample weights (for ppo the return R_i; the loss subtracts
@@ -83,10 +67,11 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
     key: raw uint32 key data, the randomness of the mini-batch order.
     ref_logp_rt: the reference policy's log-probs [R, T]; needed when the loss has a KL penalty.
   """
+  cfg = updater.loss
+  shards = updater.batch_shards
   num_rows = len(advantage_r)
-  use_sparse = cfg.sparse and not sparse.needs_every_row(cfg.algorithm,
-                                                         updater.loss_cfg.kl_coef)
-  clipped = cfg.algorithm in CLIPPED
+  use_sparse = cfg.use_sparse
+  clipped = cfg.clipped
   # Rows an update can use: every row, or in the sparse path those with a non-zero advantage.
   needed = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
   old = {}
@@ -113,31 +98,29 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
       if use_sparse:
-        selection = sparse.select_rows(advantage_r[minibatch], cfg.batch_shards)
+        selection = sparse.select_rows(advantage_r[minibatch], shards)
         local, padding = selection.rows, selection.padding
         kept_rows += selection.kept
       else:
         local, padding = np.arange(len(minibatch)), np.zeros(len(minibatch), bool)
         kept_rows += len(minibatch)
-      micro = _micro_size(len(local), cfg.micro_batch_size, cfg.batch_shards)
+      micro = _micro_size(len(local), cfg.micro_batch_size, shards)
       local, extra = _padded_rows(local, micro)
       padding = np.concatenate([padding, extra[len(padding):]])  # the rows _padded_rows added
       rows = minibatch[local]
-      arrays = {
-          "tokens": rollout.tokens_rt[rows],
-          "attention_mask": rollout.attention_mask_rt[rows],
-          "token_weight": np.where(padding[:, None], 0.0, token_weight_rt[local]).astype(np.float32),
-          "behaviour_logp": rollout.behaviour_logp_rt[rows],
-          "advantage": np.where(padding, 0.0, advantage_r[rows]).astype(np.float32),
-      }
-      if clipped:
-        arrays["old_logp"] = old_logp_rt[rows]
-      if cfg.algorithm == "ppo":
-        arrays["old_value"] = old_value_r[rows]
-        arrays["value_weight"] = np.where(padding, 0.0, value_weight_r[local]).astype(np.float32)
-      if updater.loss_cfg.kl_coef > 0:
-        arrays["ref_logp"] = ref_logp_rt[rows]
-      batch = updater.place(micro_batches(arrays, micro))
+      ppo = cfg.algorithm == "ppo"
+      batch = MicroBatch(
+          tokens=rollout.tokens_rt[rows],
+          attention_mask=rollout.attention_mask_rt[rows],
+          token_weight=np.where(padding[:, None], 0.0, token_weight_rt[local]).astype(np.float32),
+          behaviour_logp=rollout.behaviour_logp_rt[rows],
+          advantage=np.where(padding, 0.0, advantage_r[rows]).astype(np.float32),
+          old_logp=old_logp_rt[rows] if clipped else None,
+          old_value=old_value_r[rows] if ppo else None,
+          value_weight=(np.where(padding, 0.0, value_weight_r[local]).astype(np.float32)
+                        if ppo else None),
+          ref_logp=ref_logp_rt[rows] if cfg.kl_coef > 0 else None)
+      batch = updater.place(batch.split(micro))
       state, metrics = updater.step(state, batch, rollout.prompt_len)
       for name, value in jax.device_get(metrics).items():
         totals[name] = totals.get(name, 0.0) + float(value)

@@ -16,15 +16,13 @@ TensorBoard and `<workdir>/metrics.jsonl`; checkpoints go to `<workdir>/checkpoi
 mini-batch order come from the checkpointed random key, the prompts from the checkpointed data
 iterator).
 
-Workdir layout: config.json, tokenizer/ (the task's tokenizer), start/ (the start policy),
-checkpoints/<step>/, metrics.jsonl, tensorboard/, eval_start.json, eval_end.json, eval_table.txt,
-final/ (the last policy, as a ksjax.model checkpoint).
+The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here reads the typed
+`TrainSpec`. The work directory's layout is `ksjax.run.directory.RunDirectory`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -36,13 +34,14 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import distributed, model, planning
+from ksjax import distributed, files, model
 from ksjax.config_validation import ConfigError
-from ksjax.trainer import checkpointing, evaluation, learner, metrics, policy, rollout, sparse
-from ksjax.trainer import tasks
-from ksjax.trainer import config as config_lib
+from ksjax.run import checkpoints, policy, spec as spec_lib
+from ksjax.run import tasks as run_tasks
+from ksjax.run.directory import RunDirectory
+from ksjax.run.spec import TrainSpec
+from ksjax.trainer import held_out, learner, memory_plan, metrics, rollout, warmup
 from ksjax.trainer import update as update_lib
-from ksjax.trainer import warmup
 
 
 def _say(message: str) -> None:
@@ -66,121 +65,90 @@ class Timer:
     self._last = now
 
 
-def _has_checkpoints(directory: str) -> bool:
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
-
-
-def _eval(config, derived, llama, task, mesh, seed: int) -> evaluation.EvalResult:
-  prompts = list(task.prompts(config.eval.split))
-  if config.eval.num_prompts is not None:
-    prompts = prompts[:config.eval.num_prompts]
-  return evaluation.evaluate(
-      llama, task, prompts, num_samples=config.eval.num_samples, ks=tuple(config.eval.ks),
-      max_new_tokens=derived.eval_max_new_tokens, temperature=config.eval.temperature,
-      top_p=config.eval.top_p, top_k=config.eval.top_k, seed=seed,
-      batch_prompts=config.eval.batch_prompts, mesh=mesh)
-
-
 def run(config: Any) -> None:
-  """Trains as `config` says (see `ksjax.trainer.defaults` for every field)."""
+  """Trains as `config` says (see `ksjax.run.config` for every field)."""
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save, jax its backends, at INFO
   distributed.initialize()  # joins the other hosts' processes, if any: before any computation
-  derived = config_lib.validate(config)
-  workdir = os.path.abspath(config.workdir)
-  checkpoint_dir = os.path.join(workdir, "checkpoints")
-  if _has_checkpoints(checkpoint_dir) and not config.resume:
-    raise ConfigError(f"config.workdir={config.workdir!r} already holds a run (checkpoints in "
-                      f"{checkpoint_dir}); expected config.resume=True to continue it, or a new "
-                      "config.workdir")
+  train(spec_lib.from_config(config))
+
+
+def train(spec: TrainSpec) -> None:
+  """Trains as `spec` says: Algorithm 1 with its start, checkpoints and held-out evaluation."""
+  run_dir = RunDirectory(spec.run.workdir)
+  if run_dir.has_checkpoints() and not spec.run.resume:
+    raise ConfigError(f"config.workdir={spec.run.workdir!r} already holds a run (checkpoints in "
+                      f"{run_dir.steps_dir}); expected config.resume=True to continue it, or a "
+                      "new config.workdir")
   start_time = time.time()
-  task = distributed.ShardedScoring(tasks.make_task(config))
+  task = distributed.ShardedScoring(
+      run_tasks.make_task(spec.task, spec.model, spec.held_out.split))
   try:
-    _train(config, derived, task, workdir, checkpoint_dir, start_time)
+    _train(spec, task, run_dir, start_time)
   finally:
     close = getattr(task, "close", None)
     if close is not None:
       close()
 
 
-def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time: float) -> None:
+def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> None:
   tokenizer = task.tokenizer
-  mesh = model.make_mesh(tuple(config.mesh))
+  mesh = model.make_mesh(spec.run.mesh)
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  config_lib.check_mesh(derived, batch_shards)
-  planning.check_fits(config, vocab_size=tokenizer.vocab_size)  # before allocating (not on CPU)
-  llama = policy.build_model(config, tokenizer.vocab_size, mesh)
+  spec.check_mesh(batch_shards)
+  memory_plan.check_fits(spec, vocab_size=tokenizer.vocab_size)  # before allocating (not on CPU)
+  llama = policy.build_model(spec.model, tokenizer.vocab_size, mesh,
+                             value_head=spec.loss.value_head, seed=spec.run.seed)
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "
        f"{llama.cfg.hidden_size}; mesh {dict(mesh.shape)} on {jax.device_count()} "
        f"{jax.devices()[0].platform} device(s)")
 
-  loss_cfg = update_lib.LossConfig(
-      algorithm=config.algorithm, clip_eps=config.clip_eps, value_clip=config.value_clip,
-      value_coef=config.value_coef, is_cap=config.is_cap, kl_coef=config.kl_coef,
-      kl_estimator=config.kl_estimator, temperature=config.temperature)
-  schedule = update_lib.learning_rate_schedule(config.learning_rate, config.lr_warmup_steps)
-  optimizer = update_lib.make_optimizer(
-      learning_rate=config.learning_rate, warmup_steps=config.lr_warmup_steps,
-      weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, b1=config.adam_b1,
-      b2=config.adam_b2, eps=config.adam_eps)
+  schedule = spec.optimizer.schedule()
   graphdef, _ = nnx.split(llama)
-  updater = update_lib.Updater(graphdef, optimizer, loss_cfg, mesh)
-  use_sparse = config.sparse_updates and not sparse.needs_every_row(config.algorithm,
-                                                                     config.kl_coef)
-  learn_cfg = learner.LearnConfig(
-      algorithm=config.algorithm, aggregation=config.loss_aggregation,
-      loss_constant=derived.loss_constant, ppo_epochs=config.ppo_epochs,
-      num_minibatches=config.num_minibatches, micro_batch_size=derived.micro_batch_size,
-      sparse=use_sparse, batch_shards=batch_shards)
-  data_iterator = tasks.train_iterator(config, task)
-  checkpointer = checkpointing.Checkpointer(
-      checkpoint_dir, save_every=config.checkpoint_every, keep=config.keep_checkpoints,
-      use_async=config.async_checkpoints)
-  config_json = checkpointing.config_json(config)
+  updater = update_lib.build_updater(spec, graphdef, mesh)
+  data_iterator = run_tasks.train_iterator(spec.task, task, batch_prompts=spec.sampling.batch_prompts,
+                                           seed=spec.run.seed)
+  checkpointer = checkpoints.Checkpointer(
+      run_dir.steps_dir, save_every=spec.run.checkpoint_every, keep=spec.run.keep_checkpoints,
+      use_async=spec.run.async_checkpoints)
   step, state, ref_params, resumed = _start_or_resume(
-      config, derived, task, llama, updater, data_iterator, checkpointer, config_json, mesh,
-      workdir)
+      spec, task, llama, updater, data_iterator, checkpointer, mesh, run_dir)
   del llama
 
-  _say(f"training: {config.num_steps} steps of {config.batch_prompts} prompts x {derived.n} "
-       f"completions, {config.algorithm} with {config.aggregator}/{config.baseline} "
-       f"(k={config.k}), sparse updates {'on' if use_sparse else 'off'}")
-  writer = metrics.MetricsWriter(workdir, resume_step=step if resumed else None)
-  bar = metrics.ProgressBar(config.num_steps, step, enabled=config.progress_bar)
+  s, e = spec.sampling, spec.estimator
+  _say(f"training: {spec.run.num_steps} steps of {s.batch_prompts} prompts x {s.n} "
+       f"completions, {spec.loss.algorithm} with {e.aggregator}/{e.baseline} "
+       f"(k={e.k}), sparse updates {'on' if spec.loss.use_sparse else 'off'}")
+  writer = metrics.MetricsWriter(run_dir, resume_step=step if resumed else None)
+  bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
   try:
-    while step < config.num_steps:
+    while step < spec.run.num_steps:
       timer = Timer()
       prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
       state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
       timer.lap("time/other")
-      out = rollout.sample(nnx.merge(graphdef, state.params), prompts, num_samples=derived.n,
-                           max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                           top_p=config.top_p, top_k=config.top_k,
-                           seed=int(jax.random.randint(sample_key, (), 0, 2**31 - 1)),
-                           eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh)
-      out = distributed.to_host(out)
-      timer.lap("time/sampling")
-      batch = rollout.score(task, prompts, out)
+      batch = rollout.collect(nnx.merge(graphdef, state.params), task, prompts, s,
+                              seed=int(jax.random.randint(sample_key, (), 0, 2**31 - 1)),
+                              mesh=mesh, sampled=lambda: timer.lap("time/sampling"))
       timer.lap("time/reward")
-      advantage_bn = rollout.advantages(batch, aggregator=config.aggregator,
-                                        baseline=config.baseline, k=config.k, p=config.p,
-                                        beta=config.beta, scale=config.scale)
-      ref_logp_rt = learner.forward_rows(updater, ref_params, batch, np.arange(derived.rows),
-                                         derived.micro_batch_size)["logp"]
+      advantage_bn = e.advantages(batch.rewards_bn, batch.answer_ids_bn)
+      ref_logp_rt = learner.forward_rows(updater, ref_params, batch, np.arange(s.rows),
+                                         spec.loss.micro_batch_size)["logp"]
       timer.lap("time/reference")
       state, update_metrics = learner.learn(updater, state, batch, advantage_bn.reshape(-1),
-                                            learn_cfg, np.asarray(order_key), ref_logp_rt)
+                                            np.asarray(order_key), ref_logp_rt)
       jax.block_until_ready(state.step)
       timer.lap("time/update")
       step += 1
-      scalars = _step_scalars(config, batch, advantage_bn, ref_logp_rt, update_metrics, timer)
+      scalars = _step_scalars(spec, batch, advantage_bn, ref_logp_rt, update_metrics, timer)
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
-      if step % config.log_every == 0 or step == config.num_steps:
+      if step % spec.run.log_every == 0 or step == spec.run.num_steps:
         writer.write(step, scalars)
       bar.update(scalars)
-      checkpointer.save(step, state, data_iterator, config_json, force=step == config.num_steps)
+      checkpointer.save(step, state, data_iterator, spec.config_json,
+                        force=step == spec.run.num_steps)
   finally:
     bar.close()
     writer.close()
@@ -189,27 +157,27 @@ def _train(config, derived, task, workdir: str, checkpoint_dir: str, start_time:
   if int(state.skipped):
     _say(f"{int(state.skipped)} update(s) had a non-finite loss or gradient and were skipped")
   final = nnx.merge(graphdef, state.params)
-  final_dir = os.path.join(workdir, "final")
-  if not os.path.isdir(final_dir):
-    model.save_checkpoint(final_dir, final)
-  if config.eval.at_end:
-    _final_eval(config, derived, final, task, mesh, workdir)
-  _say(f"done in {time.time() - start_time:.0f}s; outputs in {workdir}")
+  if not os.path.isdir(run_dir.final_dir):
+    model.save_checkpoint(run_dir.final_dir, final)
+  if spec.held_out.at_end:
+    _final_eval(spec, final, task, mesh, run_dir)
+  _say(f"done in {time.time() - start_time:.0f}s; outputs in {run_dir.workdir}")
 
 
-def _start_or_resume(config, derived, task, llama, updater, data_iterator, checkpointer,
-                     config_json, mesh, workdir: str):
+def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, checkpointer, mesh,
+                     run_dir: RunDirectory):
   """(step, state, reference parameters, resumed): the newest readable checkpoint
-  (config.resume), or a fresh start at step 0: the warm-up, the start policy saved as
-  <workdir>/start, its evaluation."""
-  start_dir = os.path.join(workdir, "start")
+  (config.resume), or a fresh start at step 0: the warm-up, the start policy saved in the run
+  directory, its evaluation."""
+  start_dir = run_dir.start_dir
   _, params = nnx.split(llama)
   restored = None
-  if config.resume:
+  if spec.run.resume:
     restored = checkpointer.restore_latest(updater.abstract_state(params), data_iterator)
   if restored is not None:
     step, state, saved_config = restored
     _say(f"resumed from step {step} in {checkpointer.directory}")
+    config_json = spec.config_json
     changed = sorted(k for k in set(saved_config) | set(config_json)
                      if saved_config.get(k) != config_json.get(k) and k != "resume")
     if changed:
@@ -219,38 +187,36 @@ def _start_or_resume(config, derived, task, llama, updater, data_iterator, check
     reference, _ = model.load_checkpoint(start_dir, mesh)
     return step, state, nnx.state(reference), True
 
-  os.makedirs(workdir, exist_ok=True)
+  os.makedirs(run_dir.workdir, exist_ok=True)
   if distributed.is_writer():
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(config_json, f, indent=1, sort_keys=True)
-    task.tokenizer.save(os.path.join(workdir, "tokenizer"))
-  if config.sft_warmup.steps:
-    w = config.sft_warmup
+    files.write_json(run_dir.config_json, spec.config_json, sort_keys=True)
+    task.tokenizer.save(run_dir.tokenizer_dir)
+  if spec.warmup.steps:
+    w = spec.warmup
     _say(f"supervised warm-up: {w.steps} steps of {w.batch_size} reference solutions")
-    params, summary = warmup.warm_up(
-        llama, task, steps=w.steps, batch_size=w.batch_size, learning_rate=w.learning_rate,
-        lr_warmup_steps=w.lr_warmup_steps, weight_decay=w.weight_decay, seed=config.seed,
-        mesh=mesh, log=_say, log_every=max(1, w.steps // 4))
+    params, summary = warmup.warm_up(llama, task, w, seed=spec.run.seed, mesh=mesh, log=_say,
+                                     log_every=max(1, w.steps // 4))
     _say(f"warm-up done in {summary['seconds']:.0f}s, loss {summary['loss']:.3f}")
   if os.path.isdir(start_dir):  # a previous attempt died before its first checkpoint
     shutil.rmtree(start_dir)
   model.save_checkpoint(start_dir, llama)
-  if config.eval.at_start:
-    _say(f"held-out evaluation of the start policy ({config.eval.num_samples} samples per "
+  if spec.held_out.at_start:
+    _say(f"held-out evaluation of the start policy ({spec.held_out.num_samples} samples per "
          "prompt)...")
     t0 = time.time()
-    result = _eval(config, derived, llama, task, mesh, seed=config.seed + 1)
-    evaluation.save(os.path.join(workdir, "eval_start.json"), result)
-    _say(f"start: {_headline(result.metrics, config.eval.ks)} ({time.time() - t0:.0f}s)")
+    result = held_out.evaluate(llama, task, spec.held_out, seed=spec.run.seed + 1, mesh=mesh)
+    held_out.save(run_dir.held_out_json("start"), result)
+    _say(f"start: {held_out.headline(result.metrics, spec.held_out.ks)} "
+         f"({time.time() - t0:.0f}s)")
   ref_params = jax.tree.map(jnp.copy, params)
-  return 0, updater.init_state(params, jax.random.PRNGKey(config.seed)), ref_params, False
+  return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 
-def _step_scalars(config, batch: rollout.Rollout, advantage_bn: np.ndarray,
+def _step_scalars(spec: TrainSpec, batch: rollout.Rollout, advantage_bn: np.ndarray,
                   ref_logp_rt: np.ndarray, update_metrics: dict[str, float],
                   timer: Timer) -> dict[str, float]:
   """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed."""
-  scalars = {**rollout.batch_metrics(batch, config.k), **update_metrics,
+  scalars = {**rollout.batch_metrics(batch, spec.estimator.k), **update_metrics,
              **_kl_metrics(batch, ref_logp_rt), **timer.seconds}
   scalars["advantage/nonzero_fraction"] = float(np.mean(advantage_bn != 0))
   scalars["advantage/abs_mean"] = float(np.mean(np.abs(advantage_bn)))
@@ -278,24 +244,17 @@ def _kl_metrics(batch: rollout.Rollout, ref_logp_rt: np.ndarray) -> dict[str, fl
           "entropy/per_token": float(-logp_rt[mask_rt].mean()) if mask_rt.any() else 0.0}
 
 
-def _final_eval(config, derived, final, task, mesh, workdir: str) -> None:
+def _final_eval(spec: TrainSpec, final, task, mesh, run_dir: RunDirectory) -> None:
   """Evaluates the final policy and prints (and writes) the table against the start."""
+  h = spec.held_out
   _say("held-out evaluation of the final policy...")
-  result = _eval(config, derived, final, task, mesh, seed=config.seed + 1)
-  evaluation.save(os.path.join(workdir, "eval_end.json"), result)
-  start_path = os.path.join(workdir, "eval_start.json")
-  start = evaluation.load_metrics(start_path) if os.path.exists(start_path) else None
-  text = evaluation.table(start, result.metrics, tuple(config.eval.ks), task.levels(),
-                          level_k=config.k)
-  header = (f"held-out {config.eval.split}: {len(result.levels)} prompts x "
-            f"{result.num_samples} samples, temperature {config.eval.temperature}, top-p "
-            f"{config.eval.top_p}")
+  result = held_out.evaluate(final, task, h, seed=spec.run.seed + 1, mesh=mesh)
+  held_out.save(run_dir.held_out_json("end"), result)
+  start_path = run_dir.held_out_json("start")
+  start = held_out.load_metrics(start_path) if os.path.exists(start_path) else None
+  text = held_out.table(start, result.metrics, h.ks, task.levels(), level_k=spec.estimator.k)
+  header = (f"held-out {h.split}: {len(result.levels)} prompts x {result.num_samples} samples, "
+            f"temperature {h.temperature}, top-p {h.top_p}")
   if distributed.is_writer():
-    with open(os.path.join(workdir, "eval_table.txt"), "w", encoding="utf-8") as f:
-      f.write(header + "\n" + text + "\n")
+    files.write_text(run_dir.held_out_table, header + "\n" + text + "\n")
   _say(header + "\n" + text)
-
-
-def _headline(m: dict[str, float], ks) -> str:
-  return ", ".join(f"{name} {m[name]:.3f}" for name in
-                   ["reward"] + [f"pass@{k}" for k in ks] if name in m)

@@ -39,8 +39,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "token_sum")
-KL_ESTIMATORS = ("k1", "k3")
+from ksjax.run.spec import KL_ESTIMATORS, LOSS_AGGREGATIONS
+
+# The choices, named once with the spec that selects them.
+AGGREGATIONS = LOSS_AGGREGATIONS
 
 
 def token_weights(mask_rt: jax.Array, mode: str, *, constant: float | None = None) -> jax.Array:

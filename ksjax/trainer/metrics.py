@@ -20,8 +20,8 @@ import jax
 import tqdm
 from tensorboardX import SummaryWriter
 
-JSONL = "metrics.jsonl"
-TENSORBOARD = "tensorboard"
+from ksjax import files
+from ksjax.run.directory import RunDirectory
 
 
 def _is_writer() -> bool:
@@ -31,17 +31,17 @@ def _is_writer() -> bool:
 class MetricsWriter:
   """Scalars per step to JSONL and TensorBoard."""
 
-  def __init__(self, workdir: str, *, resume_step: int | None = None):
-    self.path = os.path.join(workdir, JSONL)
+  def __init__(self, run: RunDirectory, *, resume_step: int | None = None):
+    self.path = run.metrics_jsonl
     self._tb = None
     if not _is_writer():
       return
-    os.makedirs(workdir, exist_ok=True)
+    os.makedirs(run.workdir, exist_ok=True)
     if resume_step is not None:
       truncate_jsonl(self.path, resume_step)
     elif os.path.exists(self.path):
       os.remove(self.path)
-    self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD), flush_secs=30)
+    self._tb = SummaryWriter(run.tensorboard_dir, flush_secs=30)
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._tb is None:
@@ -74,10 +74,7 @@ def truncate_jsonl(path: str, last_step: int) -> None:
           kept.append(line if line.endswith("\n") else line + "\n")
       except (ValueError, KeyError, TypeError):
         continue  # a line cut off by a kill
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(kept)
-  os.replace(tmp, path)
+  files.write_text(path, "".join(kept))
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -11,13 +11,12 @@ that token, so the two can be compared element by element.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ksjax import objectives
-from ksjax import sampling
-from ksjax.evaluation import estimators
+from ksjax.run import scoring
+from ksjax.run.spec import SamplingSpec
 from ksjax.tasks.base import Prompt, Task
 
 
@@ -41,25 +40,21 @@ class Rollout:
     return self.rewards_bn.shape[1]
 
 
-def sample(llama, prompts: Sequence[Prompt], *, num_samples: int, max_new_tokens: int,
-           temperature: float, top_p: float, top_k: int, seed: int, eos_ids: Sequence[int],
-           pad_id: int, mesh=None) -> sampling.SampleOutput:
-  return sampling.generate(llama, [list(p.tokens) for p in prompts], num_samples=num_samples,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           top_k=top_k, seed=seed, eos_id=tuple(eos_ids), mesh=mesh, pad_id=pad_id)
+def collect(llama, task: Task, prompts: Sequence[Prompt], spec: SamplingSpec, *, seed: int,
+            mesh=None, sampled: Callable[[], None] | None = None) -> Rollout:
+  """Algorithm 1, step (ii): n completions of each prompt from `llama`, scored by the task
+  (`ksjax.run.scoring.sample_and_score`, which calls `sampled` between the two) and laid out
+  for the update."""
+  draw = scoring.Draw(num_samples=spec.n, max_new_tokens=spec.max_new_tokens,
+                      temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
+  return layout(prompts, scoring.sample_and_score(llama, task, prompts, draw, seed=seed,
+                                                  mesh=mesh, sampled=sampled))
 
 
-def score(task: Task, prompts: Sequence[Prompt], out: sampling.SampleOutput) -> Rollout:
-  """Decodes and scores the sampler's output; lays it out for the update."""
-  tokenizer = task.tokenizer
-  b = len(prompts)
+def layout(prompts: Sequence[Prompt], scored: scoring.Scored) -> Rollout:
+  """Lays scored samples out for the update: [R, T] rows of prompt and completion."""
+  out = scored.output
   tokens_rn = np.asarray(out.tokens)
-  r = tokens_rn.shape[0]
-  if r % b:
-    raise ValueError(f"{r} sampled rows do not split into {b} prompts")
-  n = r // b
-  texts = tuple(tokenizer.decode(row) for row in tokens_rn)
-  scores = task.score(prompts, [texts[g * n:(g + 1) * n] for g in range(b)])
   seq_rt, mask_rt = (np.asarray(x) for x in out.sequences())
   prompt_len = seq_rt.shape[1] - tokens_rn.shape[1]
   completion_mask_rt = mask_rt.copy()
@@ -70,34 +65,24 @@ def score(task: Task, prompts: Sequence[Prompt], out: sampling.SampleOutput) -> 
   return Rollout(prompts=tuple(prompts), tokens_rt=seq_rt.astype(np.int32),
                  attention_mask_rt=mask_rt.astype(bool), completion_mask_rt=completion_mask_rt,
                  behaviour_logp_rt=behaviour_rt, prompt_len=prompt_len,
-                 finished_r=np.asarray(out.finished).astype(bool), texts=texts,
-                 rewards_bn=np.stack([s.rewards for s in scores]).astype(np.float32),
-                 correct_bn=np.stack([s.correct for s in scores]).astype(bool),
-                 answer_ids_bn=np.stack([s.answer_ids for s in scores]).astype(np.int32))
-
-
-def advantages(rollout: Rollout, *, aggregator: str, baseline: str, k: int, p: int, beta: float,
-               scale: str) -> np.ndarray:
-  """The k-sample weights of `ksjax.objectives`, float32 [B, n]."""
-  return np.asarray(objectives.k_sample_advantages(
-      rollout.rewards_bn, aggregator=aggregator, baseline=baseline, k=k, p=p, beta=beta,
-      scale=scale, answer_ids=rollout.answer_ids_bn), np.float32)
+                 finished_r=np.asarray(out.finished).astype(bool), texts=scored.texts,
+                 rewards_bn=scored.rewards_gn, correct_bn=scored.correct_gn,
+                 answer_ids_bn=scored.answer_ids_gn)
 
 
 def batch_metrics(rollout: Rollout, k: int) -> dict[str, float]:
   """What the step's samples say: mean reward, the unbiased pass@k and maj@k of the batch,
   completion lengths, and per level."""
-  n = rollout.num_samples
-  correct_bn, answers_bn = rollout.correct_bn, rollout.answer_ids_bn
-  per_prompt = {"reward/mean": rollout.rewards_bn.mean(1), "batch/pass_at_1": correct_bn.mean(1),
-                "batch/pass_at_k": estimators.pass_at_k(correct_bn.sum(1), n, k),
-                "batch/maj_at_k": estimators.maj_at_k(answers_bn, correct_bn, k)}
-  out = {name: float(v.mean()) for name, v in per_prompt.items()}
-  levels = np.asarray([prompt.metadata.get("level", -1) for prompt in rollout.prompts])
-  for level in sorted(set(levels.tolist()) - {-1}):
-    select = levels == level
-    for name, v in per_prompt.items():
-      out[f"level{level}/{name.split('/')[-1]}"] = float(v[select].mean())
+  ks = sorted({1, k})
+  values = scoring.per_problem(rollout.correct_bn, rollout.answer_ids_bn, rollout.rewards_bn, ks)
+  names = {"reward": "reward/mean", "pass@1": "batch/pass_at_1", f"pass@{k}": "batch/pass_at_k",
+           f"maj@{k}": "batch/maj_at_k"}
+  masks = scoring.group_masks([p.metadata for p in rollout.prompts], ("level",))
+  out = {}
+  for group, means in scoring.summarize(values, masks).items():
+    for key, name in names.items():  # per level: "level3/pass_at_k"
+      out[name if group == scoring.ALL else
+          f"{group.replace('=', '')}/{name.split('/')[-1]}"] = means[key]
   lengths_r = rollout.completion_mask_rt.sum(1)
   out["completion/length_mean"] = float(lengths_r.mean())
   out["completion/unfinished_fraction"] = float(1.0 - rollout.finished_r.mean())

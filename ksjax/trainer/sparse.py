@@ -3,7 +3,8 @@
 With the pass@k leave-one-out estimator at most one completion per group has a non-zero weight
 (the unique best one, and only when it beats the second best), so with n = k = 8 at least 7/8 of
 the rows contribute exactly nothing to the policy-gradient loss. When no other loss term reads
-them (no value loss, no KL penalty; `needs_every_row`), those rows are dropped and the rest are
+them (no value loss, no KL penalty; `LossSpec.needs_every_row`, which also decides
+`LossSpec.use_sparse`), those rows are dropped and the rest are
 gathered into a smaller batch. Because every loss is a sum over tokens with weights fixed from
 the whole batch (`losses.token_weights`), the update is the same as the dense one.
 
@@ -20,12 +21,6 @@ import numpy as np
 
 # The smallest bucket: below it a row costs less than a compilation saves.
 MIN_ROWS = 8
-
-
-def needs_every_row(algorithm: str, kl_coef: float) -> bool:
-  """Whether some loss term depends on rows whose advantage is 0: the value loss of PPO (its
-  target R_i - V(x) is trained on every completion) or a KL penalty."""
-  return algorithm == "ppo" or kl_coef > 0
 
 
 def bucket_rows(kept: int, total: int, multiple: int = 1, min_rows: int = MIN_ROWS) -> int:

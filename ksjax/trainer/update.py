@@ -24,7 +24,7 @@ the shared trunk costs one d-vector. Its value-loss gradient reaches the trunk, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -34,39 +34,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ksjax import model
-from ksjax.model import sharding
+from ksjax.run.spec import LossSpec, TrainSpec
 from ksjax.trainer import losses
-
-ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
-CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """What the loss computes; static under jit (hashable).
-
-  Attributes:
-    algorithm: "pg" (plain policy gradient), "ppo" (clipped ratio + value model), "grpo" and
-      "dr_grpo" (clipped ratio, no value model; they differ by the advantage scale and the token
-      aggregation, which the batch's advantages and token weights carry).
-    clip_eps: PPO's epsilon.
-    value_clip: the alpha of the clipped value loss.
-    value_coef: weight of the value loss in the total loss (ppo).
-    is_cap: truncation C of the importance weight against the sampler's log-probs; None: off.
-    kl_coef: weight of the KL penalty to the reference policy (0: none).
-    kl_estimator: "k1" or "k3", the per-token estimator the penalty uses.
-    temperature: the sampling temperature; log-probs are taken at it so that they describe the
-      distribution the completions were drawn from.
-  """
-  algorithm: str = "pg"
-  clip_eps: float = 0.2
-  value_clip: float = 0.2
-  value_coef: float = 0.5
-  is_cap: float | None = None
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"
-  temperature: float = 1.0
-
+from ksjax.trainer.batch import MicroBatch, row_sharding
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -79,29 +49,6 @@ class TrainState:
   rng: jax.Array       # key [], the run's random stream (sampling seeds, minibatch order)
 
 
-def learning_rate_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
-  """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then constant."""
-  if not warmup_steps:
-    return optax.constant_schedule(learning_rate)  # optax's warm-up of 0 steps stays at 0
-  return optax.warmup_constant_schedule(0.0, learning_rate, warmup_steps)
-
-
-def make_optimizer(*, learning_rate: float, warmup_steps: int, weight_decay: float,
-                   max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """AdamW with a linear warm-up to a constant learning rate and global-norm clipping.
-
-  Weight decay applies to matrices only (not to norm scales or the value bias), as is usual.
-  """
-  schedule = learning_rate_schedule(learning_rate, warmup_steps)
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                      mask=decay_mask)
-  if max_grad_norm is None:
-    return adamw
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
-
-
 def prompt_values(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.Array,
                   prompt_len: int) -> jax.Array:
   """V(x) per row, float32 [R]: the value head at the last prompt column (prompts are left-padded
@@ -110,33 +57,30 @@ def prompt_values(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.Array,
   return llama.value(hidden_rpd[:, -1:])[:, 0]
 
 
-def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossConfig,
+def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperature: float,
                      prompt_len: int) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The weighted-sum loss of one micro-batch and metric sums (added up over micro-batches).
-
-  `mb` holds [m, T] arrays tokens, attention_mask, token_weight (c_rt: 0 outside completions and
-  on padding rows), behaviour_logp (the sampler's), and [m] advantage; per stack also old_logp
-  [m, T] (clipped stacks), ref_logp [m, T] (KL penalty), old_value [m] and value_weight [m] (ppo).
-  For ppo `advantage` holds the return R_i; the advantage is R_i - V_old(x).
-  """
-  logp_rt, _ = model.token_logprobs(llama, mb["tokens"], mb["attention_mask"], cfg.temperature)
-  weight_rt = mb["token_weight"]
+  """The weighted-sum loss of one micro-batch ([m, T] and [m] fields, see `MicroBatch`) and
+  metric sums (added up over micro-batches). For ppo `advantage` holds the return R_i; the
+  advantage is R_i - V_old(x). Log-probs are taken at the sampling `temperature`, so that they
+  describe the distribution the completions were drawn from."""
+  logp_rt, _ = model.token_logprobs(llama, mb.tokens, mb.attention_mask, temperature)
+  weight_rt = mb.token_weight
   on_rt = (weight_rt > 0).astype(jnp.float32)
   metrics = {"tokens": on_rt.sum()}
   if cfg.algorithm == "pg":
-    is_rt = losses.truncated_is_weight(logp_rt, mb["behaviour_logp"], cfg.is_cap)
-    loss_rt = losses.policy_gradient(logp_rt, mb["advantage"], is_rt)
+    is_rt = losses.truncated_is_weight(logp_rt, mb.behaviour_logp, cfg.is_cap)
+    loss_rt = losses.policy_gradient(logp_rt, mb.advantage, is_rt)
     # How far the learner now is from the sampler (on-policy: their numerical mismatch).
-    log_ratio_rt = jax.lax.stop_gradient(logp_rt) - mb["behaviour_logp"]
+    log_ratio_rt = jax.lax.stop_gradient(logp_rt) - mb.behaviour_logp
   else:
-    is_rt = losses.truncated_is_weight(mb["old_logp"], mb["behaviour_logp"], cfg.is_cap)
-    advantage_r = mb["advantage"]
+    is_rt = losses.truncated_is_weight(mb.old_logp, mb.behaviour_logp, cfg.is_cap)
+    advantage_r = mb.advantage
     if cfg.algorithm == "ppo":
-      advantage_r = advantage_r - mb["old_value"]
-    loss_rt, clipped_rt = losses.clipped_surrogate(logp_rt, mb["old_logp"], advantage_r, is_rt,
+      advantage_r = advantage_r - mb.old_value
+    loss_rt, clipped_rt = losses.clipped_surrogate(logp_rt, mb.old_logp, advantage_r, is_rt,
                                                    cfg.clip_eps)
     metrics["clipped_tokens"] = (clipped_rt * on_rt).sum()
-    log_ratio_rt = mb["old_logp"] - mb["behaviour_logp"]  # the learner-sampler mismatch
+    log_ratio_rt = mb.old_logp - mb.behaviour_logp  # the learner-sampler mismatch
   pg_loss = (weight_rt * loss_rt).sum()
   metrics["pg_loss"] = pg_loss
   metrics["is_weight_sum"] = (is_rt * on_rt).sum()
@@ -145,16 +89,16 @@ def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossC
   metrics["log_ratio_abs_sum"] = (jnp.abs(log_ratio_rt) * on_rt).sum()
   loss = pg_loss
   if cfg.algorithm == "ppo":
-    values_r = prompt_values(llama, mb["tokens"], mb["attention_mask"], prompt_len)
-    vloss_r, vclipped_r = losses.clipped_value_loss(values_r, mb["old_value"], mb["advantage"],
+    values_r = prompt_values(llama, mb.tokens, mb.attention_mask, prompt_len)
+    vloss_r, vclipped_r = losses.clipped_value_loss(values_r, mb.old_value, mb.advantage,
                                                     cfg.value_clip)
-    value_loss = (mb["value_weight"] * vloss_r).sum()
+    value_loss = (mb.value_weight * vloss_r).sum()
     metrics["value_loss"] = value_loss
-    metrics["value_clipped"] = (vclipped_r * (mb["value_weight"] > 0)).sum()
-    metrics["value_rows"] = (mb["value_weight"] > 0).sum().astype(jnp.float32)
+    metrics["value_clipped"] = (vclipped_r * (mb.value_weight > 0)).sum()
+    metrics["value_rows"] = (mb.value_weight > 0).sum().astype(jnp.float32)
     loss = loss + cfg.value_coef * value_loss
   if cfg.kl_coef > 0:
-    kl_rt = losses.kl_per_token(logp_rt, mb["ref_logp"], cfg.kl_estimator)
+    kl_rt = losses.kl_per_token(logp_rt, mb.ref_logp, cfg.kl_estimator)
     kl_loss = (weight_rt * kl_rt).sum()
     metrics["kl_loss"] = kl_loss
     loss = loss + cfg.kl_coef * kl_loss
@@ -163,17 +107,20 @@ def loss_and_metrics(llama: model.Llama, mb: Mapping[str, jax.Array], cfg: LossC
 
 
 class Updater:
-  """Compiled update and forward-only programs for one model structure, optimizer and mesh.
+  """Compiled update and forward-only programs for one model structure, optimizer, loss and
+  mesh. `build_updater` makes the trainer's; the supervised warm-up makes its own from the same
+  class (a weight-1 policy-gradient loss is the token-weighted log-likelihood).
 
   Programs are compiled once per distinct batch shape (the sparse path's buckets, see
   `ksjax.trainer.sparse`).
   """
 
   def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-               loss_cfg: LossConfig, mesh: jax.sharding.Mesh):
+               loss: LossSpec, mesh: jax.sharding.Mesh, *, temperature: float = 1.0):
     self.graphdef = graphdef
     self.optimizer = optimizer
-    self.loss_cfg = loss_cfg
+    self.loss = loss
+    self.temperature = temperature
     self.mesh = mesh
     self._replicated = NamedSharding(mesh, P())
     self._steps: dict[Any, Callable] = {}
@@ -212,36 +159,42 @@ class Updater:
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shardings)
 
-  def _batch_sharding(self, ndim: int) -> NamedSharding:
-    """[M, m, ...] micro-batched arrays: rows (axis 1) over the batch axes."""
-    return NamedSharding(self.mesh, P(None, sharding.BATCH, *([None] * (ndim - 2))))
+  @property
+  def batch_shards(self) -> int:
+    """Devices the rows of a micro-batch are split over (data x fsdp)."""
+    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
-  def place(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+  def place_rows(self, array_mm: Any) -> jax.Array:
+    """One [M, m, ...] host array on the mesh, rows split over data x fsdp."""
+    return jax.device_put(array_mm, row_sharding(self.mesh, array_mm.ndim))
+
+  def place(self, batch: MicroBatch) -> MicroBatch:
     """Puts a host batch of [M, m, ...] arrays on the mesh, rows split over data x fsdp."""
-    return {k: jax.device_put(v, self._batch_sharding(v.ndim)) for k, v in batch.items()}
+    return batch.place(self.mesh)
 
   # -- programs --------------------------------------------------------------------------------
 
-  def step(self, state: TrainState, batch: Mapping[str, jax.Array],
+  def step(self, state: TrainState, batch: MicroBatch,
            prompt_len: int) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a placed [M, m, ...] batch; returns the new state (the old one is
     donated) and metric sums: the micro-batch sums plus grad_norm and finite (0/1)."""
     return self.step_program(state, batch, prompt_len)(state, batch)
 
-  def step_program(self, state: TrainState, batch: Mapping[str, jax.Array], prompt_len: int):
+  def step_program(self, state: TrainState, batch: MicroBatch, prompt_len: int):
     """The jitted update for this batch shape (built once per shape; `.lower()` it to inspect
     the compiled program, e.g. its FLOP count)."""
-    key = (prompt_len, tuple(sorted((k, v.shape) for k, v in batch.items())))
+    key = (prompt_len, batch.shape_key())
     if key not in self._steps:
       self._steps[key] = self._build_step(state, batch, prompt_len)
     return self._steps[key]
 
   def _build_step(self, state: TrainState, batch, prompt_len: int):
-    graphdef, optimizer, cfg = self.graphdef, self.optimizer, self.loss_cfg
+    graphdef, optimizer, cfg, temperature = (self.graphdef, self.optimizer, self.loss,
+                                             self.temperature)
 
     def micro_loss(params, mb):
       with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
-        return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, prompt_len)
+        return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, temperature, prompt_len)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -252,10 +205,13 @@ class Updater:
         return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, metrics)), None
 
       first_mb = jax.tree.map(lambda x: x[0], batch)
-      zero_metrics = jax.tree.map(jnp.zeros_like,
-                                  jax.eval_shape(lambda: micro_loss(state.params, first_mb)[1]))
-      zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-      (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), batch)
+      if jax.tree.leaves(batch)[0].shape[0] == 1:  # one micro-batch: nothing to accumulate
+        (_, sums), grads = grad_fn(state.params, first_mb)
+      else:
+        zero_metrics = jax.tree.map(
+            jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb)[1]))
+        zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+        (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), batch)
       grad_norm = optax.tree.norm(grads)
       finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -268,17 +224,17 @@ class Updater:
       return new_state, {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
 
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    batch_shardings = {k: v.sharding for k, v in batch.items()}
+    batch_shardings = jax.tree.map(lambda v: v.sharding, batch)
     return jax.jit(update, in_shardings=(shardings, batch_shardings),
                    out_shardings=(shardings, self._replicated), donate_argnums=(0,))
 
-  def forward(self, params: nnx.State, batch: Mapping[str, jax.Array], *, values: bool = False,
-              prompt_len: int = 0) -> dict[str, jax.Array]:
-    """Forward only, micro-batch by micro-batch: per-token log-probs [M, m, T] of `tokens` at the
-    loss temperature, and with `values` the prompt values V(x) [M, m]."""
-    key = (values, prompt_len, batch["tokens"].shape)
+  def forward(self, params: nnx.State, tokens_mmt: jax.Array, mask_mmt: jax.Array, *,
+              values: bool = False, prompt_len: int = 0) -> dict[str, jax.Array]:
+    """Forward only, micro-batch by micro-batch: per-token log-probs [M, m, T] of `tokens_mmt`
+    at the loss temperature, and with `values` the prompt values V(x) [M, m]."""
+    key = (values, prompt_len, tokens_mmt.shape)
     if key not in self._forwards:
-      graphdef, temperature = self.graphdef, self.loss_cfg.temperature
+      graphdef, temperature = self.graphdef, self.temperature
 
       def fwd(params, tokens_mmt, mask_mmt):
         def one(args):
@@ -292,4 +248,11 @@ class Updater:
         return jax.lax.map(one, (tokens_mmt, mask_mmt))
 
       self._forwards[key] = jax.jit(fwd)
-    return self._forwards[key](params, batch["tokens"], batch["attention_mask"])
+    return self._forwards[key](params, tokens_mmt, mask_mmt)
+
+
+def build_updater(spec: TrainSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh) -> Updater:
+  """The update program of a run: its loss, its optimizer, on its mesh. The one builder the
+  trainer, the memory plan, the tests and the benchmarks use."""
+  return Updater(graphdef, spec.optimizer.build(), spec.loss, mesh,
+                 temperature=spec.sampling.temperature)

@@ -5,8 +5,13 @@ to an answer give several, so the warmed-up policy samples diverse chains of tho
 is the left-padded prompt followed by the solution and the end-of-sequence token; the loss is the
 mean negative log-likelihood of the solution tokens (EOS included) over the batch, computed with
 the same float32 `model.token_logprobs` the RL loss uses. Examples are visited in a seeded random
-order, epoch after epoch. The optimizer is AdamW with its own warm-up (`update.make_optimizer`);
+order, epoch after epoch. The optimizer is AdamW with its own warm-up (`WarmupSpec.optimizer`);
 its state is discarded afterwards: RL starts with a fresh optimizer.
+
+It runs through the RL update's own `Updater`: that loss with every advantage 1, no importance
+weight and token weights 1 / (solution tokens in the batch) is exactly the mean negative
+log-likelihood, so the warm-up gets the update's activation shardings, donation and non-finite
+skip without a second compiled step to maintain.
 """
 
 from __future__ import annotations
@@ -15,16 +20,15 @@ import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from ksjax import model
-from ksjax.model import sharding
+from ksjax.run.spec import LossSpec, WarmupSpec
 from ksjax.tasks.base import Task
 from ksjax.tokenization import Tokenizer
+from ksjax.trainer import update
+from ksjax.trainer.batch import MicroBatch
 
 
 def examples(task: Task, split: str = "train") -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -62,52 +66,41 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def warm_up(llama: model.Llama, task: Task, *, steps: int, batch_size: int, learning_rate: float,
-            lr_warmup_steps: int, weight_decay: float, seed: int, mesh: jax.sharding.Mesh,
-            log_every: int = 50, log=print) -> tuple[nnx.State, dict[str, float]]:
-  """Trains `llama` (in place) for `steps` steps on reference solutions; returns its state and
-  a summary {"loss": final smoothed loss, "seconds": wall time}."""
-  from ksjax.trainer import update  # pylint: disable=g-import-not-at-top
-
+def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
+            mesh: jax.sharding.Mesh, log_every: int = 50,
+            log=print) -> tuple[nnx.State, dict[str, float]]:
+  """Trains `llama` (in place) for `spec.steps` steps on reference solutions; returns its state
+  and a summary {"loss": final smoothed loss, "seconds": wall time}."""
   tokenizer: Tokenizer = task.tokenizer
   pairs = examples(task)
   prompt_len = round_up(max(len(p) for p, _ in pairs), 8)
   total_len = prompt_len + round_up(max(len(c) for _, c in pairs), 8)
-  optimizer = update.make_optimizer(learning_rate=learning_rate, warmup_steps=lr_warmup_steps,
-                                    weight_decay=weight_decay, max_grad_norm=1.0)
   graphdef, params = nnx.split(llama)
-  param_shardings = sharding.state_shardings(params, mesh)
-  opt_state = jax.jit(optimizer.init)(params)
-  data_sharding = NamedSharding(mesh, jax.sharding.PartitionSpec(sharding.BATCH, None))
-
-  @jax.jit
-  def step(params, opt_state, tokens_bt, mask_bt, target_bt):
-    def loss_fn(params):
-      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # activation shardings
-        logp_bt, _ = model.token_logprobs(nnx.merge(graphdef, params), tokens_bt, mask_bt)
-      weight_bt = target_bt / jnp.maximum(target_bt.sum(), 1)
-      return -(weight_bt * logp_bt).sum()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = jax.lax.with_sharding_constraint(optax.apply_updates(params, updates),
-                                              param_shardings)
-    return params, opt_state, loss
+  # Weight-1 policy gradient = negative log-likelihood (see the module docstring).
+  nll = LossSpec(algorithm="pg", aggregation="token_sum", loss_constant=1.0, micro_batch_size=1,
+                 sparse_updates=False)
+  updater = update.Updater(graphdef, spec.optimizer().build(), nll, mesh, temperature=1.0)
+  state = updater.init_state(params, jax.random.key(seed))
 
   rng = np.random.default_rng(seed)
   order, cursor = rng.permutation(len(pairs)), 0
   start, smoothed = time.time(), None
-  for i in range(steps):
-    if cursor + batch_size > len(order):
+  for i in range(spec.steps):
+    if cursor + spec.batch_size > len(order):
       order, cursor = rng.permutation(len(pairs)), 0
-    batch = [pairs[j] for j in order[cursor:cursor + batch_size]]
-    cursor += batch_size
-    arrays = [jax.device_put(a, data_sharding)
-              for a in layout(batch, prompt_len, total_len, tokenizer.pad_id)]
-    params, opt_state, loss = step(params, opt_state, *arrays)
-    if (i + 1) % log_every == 0 or i + 1 == steps:
-      loss = float(loss)
+    batch = [pairs[j] for j in order[cursor:cursor + spec.batch_size]]
+    cursor += spec.batch_size
+    tokens_bt, mask_bt, target_bt = layout(batch, prompt_len, total_len, tokenizer.pad_id)
+    weight_bt = target_bt / np.float32(max(target_bt.sum(), 1))
+    rows = MicroBatch(tokens=tokens_bt, attention_mask=mask_bt,
+                      token_weight=weight_bt.astype(np.float32),
+                      behaviour_logp=np.zeros(tokens_bt.shape, np.float32),
+                      advantage=np.ones(len(batch), np.float32))
+    state, metrics = updater.step(state, updater.place(rows.split(len(batch))), prompt_len)
+    if (i + 1) % log_every == 0 or i + 1 == spec.steps:
+      loss = float(metrics["loss"])
       smoothed = loss if smoothed is None else 0.7 * smoothed + 0.3 * loss
-      log(f"warm-up step {i + 1}/{steps}: loss {loss:.4f} ({time.time() - start:.0f}s)")
-  nnx.update(llama, params)
-  return params, {"loss": float("nan") if smoothed is None else smoothed,
-                  "seconds": time.time() - start}
+      log(f"warm-up step {i + 1}/{spec.steps}: loss {loss:.4f} ({time.time() - start:.0f}s)")
+  nnx.update(llama, state.params)
+  return state.params, {"loss": float("nan") if smoothed is None else smoothed,
+                        "seconds": time.time() - start}

@@ -16,7 +16,10 @@ from flax import nnx
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.evaluation import checkpoints, estimators, results, runner
+from ksjax.evaluation import results, runner
+from ksjax.objectives import estimates as estimators
+from ksjax.run import checkpoints
+from ksjax.run.directory import locate
 from ksjax.evaluation import settings as settings_lib
 
 from tests.support import eval_run
@@ -109,7 +112,7 @@ def test_last_n_reuses_records_and_writes_their_average(run_dir, tmp_path, capsy
 def test_restore_is_the_trained_policy_sharded_on_the_eval_mesh(run_dir):
   mesh = model.make_mesh((1, 2, 2))
   final, cfg = model.load_checkpoint(str(run_dir / "final"))
-  run = checkpoints.locate(str(run_dir))
+  run = locate(str(run_dir))
   assert checkpoints.steps(run) == [1, 2, 3]
   graphdef, target = checkpoints.abstract_policy(cfg, mesh)
   restored = checkpoints.restore_policy(run, 3, graphdef, target)
@@ -126,9 +129,9 @@ def test_restore_is_the_trained_policy_sharded_on_the_eval_mesh(run_dir):
 def _evaluator(run: pathlib.Path, **overrides) -> runner.Evaluator:
   config = _configured(run, **overrides)
   s = settings_lib.validate(config)
-  task = runner.trainer_tasks.make_task(config.run)
-  cfg = runner.policy_config(config.run, task.tokenizer.vocab_size)
-  return runner.Evaluator(s, checkpoints.locate(str(run)), task, task.prompts("test"), cfg,
+  task = runner.open_task(s)
+  cfg = runner.policy_config(s.run, task.tokenizer.vocab_size)
+  return runner.Evaluator(s, locate(str(run)), task, task.prompts("test"), cfg,
                           model.make_mesh((1, 1, 1)), str(run / "eval" / "watch"))
 
 

@@ -115,7 +115,7 @@ def test_run_fields_are_checked_by_the_trainer():
 
 def test_default_settings():
   s = settings_lib.validate(eval_run.eval_config("somewhere"))
-  assert (s.num_samples, s.steps, s.watch, s.mesh) == (20, "latest", False, (-1, 1, 1))
+  assert (s.num_samples, s.steps, s.watch, s.run.run.mesh) == (20, "latest", False, (-1, 1, 1))
   config = eval_run.eval_config("somewhere")
   # None in the eval config: the run's evaluation budget, which defaults to its max_new_tokens.
   assert config.max_new_tokens is None and config.run.eval.max_new_tokens is None

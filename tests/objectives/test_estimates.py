@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ksjax import objectives
-from ksjax.evaluation import estimators
+from ksjax.objectives import estimates as estimators
 
 
 def subsets_pass_at_k(correct: list[bool], k: int) -> float:

@@ -70,7 +70,7 @@ def eval_config(checkpoint_dir: str | os.PathLike) -> ml_collections.ConfigDict:
 
 def _train(workdir: pathlib.Path) -> None:
   from ksjax import trainer  # pylint: disable=g-import-not-at-top
-  from ksjax.trainer import defaults  # pylint: disable=g-import-not-at-top
+  from ksjax.run import config as defaults  # pylint: disable=g-import-not-at-top
   config = defaults.embedded_task_config()  # what configs/eval.py describes by default
   config.workdir = str(workdir)
   _set(config, {**RUN_FIELDS, **TRAIN_FIELDS})

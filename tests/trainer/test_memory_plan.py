@@ -12,9 +12,10 @@ import sys
 import jax
 import pytest
 
-from ksjax import planning
+from ksjax.run import spec as spec_lib
+from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
-from ksjax.trainer import defaults
+from ksjax.run import config as defaults
 from tests import support
 
 VOCAB = 100
@@ -23,6 +24,7 @@ VOCAB = 100
 PER_LAYER = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 128 + 2 * 64
 TINY_PARAMS = 2 * PER_LAYER + VOCAB * 64 + 64
 F32 = 4
+spec_of = spec_lib.from_config  # plans take the typed spec of a trainer config
 
 
 def small_config(mesh=(8, 1, 1), **fields):
@@ -42,8 +44,8 @@ def small_config(mesh=(8, 1, 1), **fields):
 
 def test_parameters_and_optimizer_state_are_the_hand_counted_bytes():
   config = small_config()
-  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
-  held = planning.state_bytes(config, cfg, mesh)
+  cfg, mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
+  held = planning.state_bytes(spec_of(config), cfg, mesh)
   assert held.params == TINY_PARAMS * F32 == 321792
   assert held.reference == held.params
   # AdamW: two float32 moments per parameter, and two int32 step counters (Adam's and the
@@ -54,8 +56,8 @@ def test_parameters_and_optimizer_state_are_the_hand_counted_bytes():
 def test_fsdp_divides_the_state_by_its_size():
   replicated = small_config(mesh=(8, 1, 1))
   sharded = small_config(mesh=(1, 8, 1))
-  a = planning.state_bytes(replicated, *planning.resolve(replicated, vocab_size=VOCAB))
-  b = planning.state_bytes(sharded, *planning.resolve(sharded, vocab_size=VOCAB))
+  a = planning.state_bytes(spec_of(replicated), *planning.resolve(spec_of(replicated), vocab_size=VOCAB))
+  b = planning.state_bytes(spec_of(sharded), *planning.resolve(spec_of(sharded), vocab_size=VOCAB))
   # Every tiny parameter has a width-64 axis, which fsdp splits; the counters stay whole.
   assert b.params * 8 == a.params
   assert (b.optimizer - 8) * 8 == a.optimizer - 8
@@ -63,7 +65,7 @@ def test_fsdp_divides_the_state_by_its_size():
 
 def test_kv_cache_is_the_hand_counted_bytes_per_device():
   config = small_config(mesh=(2, 2, 2))
-  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
+  cfg, mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
   # keys and values x 2 layers x 8 rows x (16 prompt + 8 new - 1) slots x 2 kv heads x 16,
   # float32; rows over data x fsdp = 4 devices, kv heads over tensor = 2.
   expected = 2 * 2 * 8 * (16 + 8 - 1) * 2 * 16 * F32 // (4 * 2)
@@ -72,7 +74,7 @@ def test_kv_cache_is_the_hand_counted_bytes_per_device():
 
 @pytest.fixture(scope="module")
 def tiny_plan():
-  return planning.plan(small_config(), prompt_len=10, vocab_size=VOCAB)
+  return planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB)
 
 
 def test_plan_reports_the_exact_parts_and_compiled_phases(tiny_plan):
@@ -97,7 +99,7 @@ def test_plan_reports_the_exact_parts_and_compiled_phases(tiny_plan):
 def test_check_fits_refuses_a_config_too_large_and_says_what_to_change(tiny_plan, monkeypatch):
   monkeypatch.setattr(planning, "plan", lambda config, **kw: tiny_plan)  # compiled already
   with pytest.raises(ConfigError) as e:
-    planning.check_fits(small_config(), device_memory=10**6, prompt_len=10, vocab_size=VOCAB)
+    planning.check_fits(spec_of(small_config()), device_memory=10**6, prompt_len=10, vocab_size=VOCAB)
   message = str(e.value)
   assert message.startswith(f"config does not fit: it needs {tiny_plan.peak / 2**30:.1f} GiB "
                             "per device")
@@ -112,8 +114,8 @@ def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
   f32 = small_config()
   bf16 = small_config()
   bf16.model.dtype = "bfloat16"
-  a = planning.state_bytes(f32, *planning.resolve(f32, vocab_size=VOCAB))
-  b = planning.state_bytes(bf16, *planning.resolve(bf16, vocab_size=VOCAB))
+  a = planning.state_bytes(spec_of(f32), *planning.resolve(spec_of(f32), vocab_size=VOCAB))
+  b = planning.state_bytes(spec_of(bf16), *planning.resolve(spec_of(bf16), vocab_size=VOCAB))
   assert 2 * b.params == a.params
 
 
@@ -144,9 +146,9 @@ def test_deep_models_are_compiled_at_two_depths_and_continued_on_their_line():
 def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives():
   config = small_config()
   config.model.num_layers = 6
-  cfg, mesh = planning.resolve(config, vocab_size=VOCAB)
-  shapes = planning.plan_shapes(config, mesh, prompt_len=10)
-  compile_update = lambda c: planning.compile_update(config, c, mesh, shapes)
+  cfg, mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
+  shapes = planning.plan_shapes(spec_of(config), mesh, prompt_len=10)
+  compile_update = lambda c: planning.compile_update(spec_of(config), c, mesh, shapes)
   extrapolated = planning._by_depth(compile_update, cfg)  # pylint: disable=protected-access
   exact = compile_update(cfg)
   assert planning.PROBE_DEPTHS == (2, 4)  # what was compiled above, besides the 6 layers
@@ -156,9 +158,9 @@ def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives():
 
 def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
   with pytest.raises(ConfigError, match="tensor"):
-    planning.resolve(small_config(mesh=(1, 1, 8)), vocab_size=VOCAB)  # 2 kv heads
+    planning.resolve(spec_of(small_config(mesh=(1, 1, 8))), vocab_size=VOCAB)  # 2 kv heads
   with pytest.raises(ConfigError, match="prompt_len"):
-    planning.plan(small_config(), prompt_len=0, vocab_size=VOCAB)
+    planning.plan(spec_of(small_config()), prompt_len=0, vocab_size=VOCAB)
 
 
 def test_the_command_line_tool_on_fake_devices(tmp_path):
@@ -193,7 +195,7 @@ def test_on_cpu_the_start_up_check_plans_nothing(monkeypatch):
     raise AssertionError("planned without a device memory to check against")
 
   monkeypatch.setattr(planning, "plan", no_plan)
-  assert planning.check_fits(small_config(), vocab_size=VOCAB) is None
+  assert planning.check_fits(spec_of(small_config()), vocab_size=VOCAB) is None
 
 
 def test_fsdp_splits_the_update_activations_over_its_devices():
@@ -209,11 +211,11 @@ def test_fsdp_splits_the_update_activations_over_its_devices():
   def temps(mesh):
     config = small_config(mesh=mesh, batch_prompts=8, max_new_tokens=112, micro_batch_size=16)
     config.model.remat = True
-    cfg, device_mesh = planning.resolve(config, vocab_size=VOCAB)
+    cfg, device_mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
     cfg = dataclasses.replace(cfg, hidden_size=256, intermediate_size=1024, num_heads=8,
                               num_kv_heads=2, head_dim=32)
-    shapes = planning.plan_shapes(config, device_mesh, prompt_len=16)
+    shapes = planning.plan_shapes(spec_of(config), device_mesh, prompt_len=16)
     assert (shapes.micro_batch, shapes.update_rows) == (16, 16)
-    return planning.compile_update(config, cfg, device_mesh, shapes).temps
+    return planning.compile_update(spec_of(config), cfg, device_mesh, shapes).temps
 
   assert temps((1, 8, 1)) <= temps((1, 1, 1)) / 4

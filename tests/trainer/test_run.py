@@ -17,7 +17,9 @@ from flax import nnx
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.trainer import checkpointing, metrics
+from ksjax.run import checkpoints as checkpointing
+from ksjax.run.directory import RunDirectory
+from ksjax.trainer import metrics
 from ksjax.trainer import loop
 from tests import support
 
@@ -83,9 +85,9 @@ def test_killed_and_resumed_run_ends_with_the_same_parameters_bitwise(tmp_path):
   a, b = _final_params(straight), _final_params(killed)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-  lines = metrics.read_jsonl(os.path.join(killed, metrics.JSONL))
+  lines = metrics.read_jsonl(RunDirectory(killed).metrics_jsonl)
   assert [line["step"] for line in lines] == list(range(1, steps + 1))
-  reference = metrics.read_jsonl(os.path.join(straight, metrics.JSONL))
+  reference = metrics.read_jsonl(RunDirectory(straight).metrics_jsonl)
   assert [line["reward/mean"] for line in lines] == [line["reward/mean"] for line in reference]
 
 
@@ -100,7 +102,7 @@ def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
 
 
 def _tiny_config(workdir, **overrides):
-  from ksjax.trainer import defaults  # pylint: disable=g-import-not-at-top
+  from ksjax.run import config as defaults  # pylint: disable=g-import-not-at-top
   config = defaults.base_config()
   config.workdir = str(workdir)
   for key, value in {**TINY, **overrides}.items():
@@ -120,7 +122,7 @@ def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_pat
       "eval.batch_prompts": 4})
   loop.run(config)
   out = capsys.readouterr().out
-  lines = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
+  lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)
   assert [line["step"] for line in lines] == [1, 2, 3]
   for key in ("reward/mean", "batch/pass_at_k", "batch/maj_at_k", "level1/pass_at_k",
               "kl/k1", "kl/k3", "entropy/per_token", "advantage/nonzero_fraction",
@@ -129,7 +131,7 @@ def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_pat
     assert key in lines[-1], key
   assert abs(lines[0]["kl/k1"]) < 1e-3  # the first rollout comes from the reference policy
   assert any(name.startswith("events.out.tfevents")
-             for name in os.listdir(workdir / metrics.TENSORBOARD))
+             for name in os.listdir(RunDirectory(workdir).tensorboard_dir))
   table = (workdir / "eval_table.txt").read_text()
   for row in ("pass@1", "pass@4", "maj@4", "level2/pass@4"):
     assert row in table and row in out

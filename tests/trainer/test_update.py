@@ -2,9 +2,10 @@
 non-finite steps, and a 2-device mesh against 1 device.
 
 Rollouts here are made up (random tokens and rewards) so that the update is tested without the
-sampler; tests/test_trainer_run.py runs the whole loop.
+sampler; tests/trainer/test_run.py runs the whole loop.
 """
 
+import dataclasses
 import importlib.util
 import os
 
@@ -15,7 +16,7 @@ from flax import nnx
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.trainer import config as config_lib
+from ksjax.run import spec as spec_lib
 from ksjax.trainer import learner, rollout, sparse, update
 from tests import support
 
@@ -64,25 +65,16 @@ def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6, answer_ids=None):
       answer_ids_bn=answer_ids)
 
 
-def make_updater(config, llama, mesh, derived):
-  loss_cfg = update.LossConfig(
-      algorithm=config.algorithm, clip_eps=config.clip_eps, value_clip=config.value_clip,
-      value_coef=config.value_coef, is_cap=config.is_cap, kl_coef=config.kl_coef,
-      kl_estimator=config.kl_estimator, temperature=config.temperature)
-  optimizer = update.make_optimizer(learning_rate=config.learning_rate, warmup_steps=0,
-                                    weight_decay=config.weight_decay,
-                                    max_grad_norm=config.max_grad_norm)
+def make_updater(spec, llama, mesh):
+  # A constant learning rate from the first step: one step must move the parameters.
+  spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer,
+                                                                 lr_warmup_steps=0))
   graphdef, params = nnx.split(model.shard(llama, mesh))
-  key = (loss_cfg, config.learning_rate, config.weight_decay, config.max_grad_norm, mesh, graphdef)
+  key = (spec.loss, spec.optimizer, spec.sampling.temperature, mesh, graphdef)
   if key not in _PROGRAMS:
-    _PROGRAMS[key] = update.Updater(graphdef, optimizer, loss_cfg, mesh)
+    _PROGRAMS[key] = update.build_updater(spec, graphdef, mesh)
   updater = _PROGRAMS[key]
-  learn_cfg = learner.LearnConfig(
-      algorithm=config.algorithm, aggregation=config.loss_aggregation,
-      loss_constant=derived.loss_constant, ppo_epochs=config.ppo_epochs,
-      num_minibatches=config.num_minibatches, micro_batch_size=derived.micro_batch_size,
-      sparse=config.sparse_updates, batch_shards=mesh.shape["data"] * mesh.shape["fsdp"])
-  return updater, learn_cfg, updater.init_state(params, jax.random.PRNGKey(0))
+  return updater, updater.init_state(params, jax.random.PRNGKey(0))
 
 
 def tiny(config, **overrides):
@@ -94,20 +86,19 @@ def tiny(config, **overrides):
 
 
 def learn_once(config, *, mesh=None, seed=0, rollout_=None, ref=False, answer_ids=None):
-  derived = config_lib.validate(config)
+  spec = spec_lib.from_config(config)
   mesh = mesh or model.make_mesh((1, 1, 1))
   llama = tiny_llama(value_head=config.algorithm == "ppo")
-  updater, learn_cfg, state = make_updater(config, llama, mesh, derived)
-  batch = rollout_ or fake_rollout(config.batch_prompts, derived.n, seed=seed,
+  updater, state = make_updater(spec, llama, mesh)
+  batch = rollout_ or fake_rollout(config.batch_prompts, spec.sampling.n, seed=seed,
                                    answer_ids=answer_ids)
-  adv = rollout.advantages(batch, aggregator=config.aggregator, baseline=config.baseline,
-                           k=config.k, p=config.p, beta=config.beta, scale=config.scale)
+  adv = spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn)
   ref_logp = None
   if ref or config.kl_coef > 0:
     ref_logp = learner.forward_rows(updater, state.params, batch, np.arange(len(adv.ravel())),
-                                    derived.micro_batch_size)["logp"]
+                                    spec.loss.micro_batch_size)["logp"]
   before = jax.tree.map(np.asarray, state.params)
-  state, metrics = learner.learn(updater, state, batch, adv.reshape(-1), learn_cfg,
+  state, metrics = learner.learn(updater, state, batch, adv.reshape(-1),
                                  np.asarray(jax.random.PRNGKey(seed)), ref_logp)
   return before, state, metrics, adv
 
@@ -122,9 +113,9 @@ def test_every_config_validates_and_its_stack_takes_a_step(path):
   config = load_config(path)
   if config.task != "synthetic":
     with pytest.raises(ConfigError, match="config.init_hf is missing"):
-      config_lib.validate(config)
+      spec_lib.from_config(config)
     config.init_hf = "a Hugging Face directory"
-    config_lib.validate(config)
+    spec_lib.from_config(config)
     return  # their stack is the one of a synthetic config; they need a dataset and a checkpoint
   config = tiny(config)
   before, state, metrics, adv = learn_once(config)
@@ -135,7 +126,7 @@ def test_every_config_validates_and_its_stack_takes_a_step(path):
   assert max_abs_diff(before, state.params) > 0
   if config.algorithm == "ppo":
     assert "loss/value" in metrics and "ppo/clip_fraction" in metrics
-  if config.algorithm in update.CLIPPED:
+  if config.algorithm in spec_lib.CLIPPED:
     assert 0.0 <= metrics["ppo/clip_fraction"] <= 1.0
 
 
@@ -169,8 +160,12 @@ def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
   assert {sparse.bucket_rows(kept, 128, 2) for kept in range(129)} == {8, 16, 32, 64, 128}
   dense = sparse.select_rows(np.ones(128), multiple=2)
   assert dense.rows.tolist() == list(range(128)) and not dense.padding.any()
-  assert sparse.needs_every_row("ppo", 0.0) and sparse.needs_every_row("pg", 0.1)
-  assert not sparse.needs_every_row("grpo", 0.0)
+  assert spec_lib.LossSpec(algorithm="ppo").needs_every_row
+  assert spec_lib.LossSpec(kl_coef=0.1).needs_every_row
+  assert not spec_lib.LossSpec(algorithm="grpo").needs_every_row
+  assert not spec_lib.LossSpec(algorithm="pg", kl_coef=0.1).use_sparse
+  assert not spec_lib.LossSpec(sparse_updates=False).use_sparse
+  assert spec_lib.LossSpec(algorithm="grpo").use_sparse
 
 
 def test_micro_batches_accumulate_to_the_full_batch_gradient():
@@ -182,21 +177,21 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient():
 
 def test_non_finite_loss_skips_the_update_and_is_counted():
   config = _pass_at_k_config(baseline="loo_demeaned")
-  derived = config_lib.validate(config)
+  spec = spec_lib.from_config(config)
   mesh = model.make_mesh((1, 1, 1))
-  updater, learn_cfg, state = make_updater(config, tiny_llama(), mesh, derived)
-  batch = fake_rollout(config.batch_prompts, derived.n)
+  updater, state = make_updater(spec, tiny_llama(), mesh)
+  batch = fake_rollout(config.batch_prompts, spec.sampling.n)
   before = jax.tree.map(np.array, (state.params, state.opt_state))
-  adv = np.ones(derived.rows, np.float32)
+  adv = np.ones(spec.sampling.rows, np.float32)
   adv[3] = np.nan
-  state, metrics = learner.learn(updater, state, batch, adv, learn_cfg,
+  state, metrics = learner.learn(updater, state, batch, adv,
                                  np.asarray(jax.random.PRNGKey(0)))
   assert metrics["optim/skipped_steps"] == 1 and int(state.skipped) == 1
   assert int(state.step) == 1
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((state.params, state.opt_state))):
     np.testing.assert_array_equal(a, np.asarray(b))  # bitwise: nothing reached the state
   adv[3] = 0.5
-  state, metrics = learner.learn(updater, state, batch, adv, learn_cfg,
+  state, metrics = learner.learn(updater, state, batch, adv,
                                  np.asarray(jax.random.PRNGKey(0)))
   assert metrics["optim/skipped_steps"] == 0 and int(state.skipped) == 1
   assert max_abs_diff(before[0], state.params) > 0
@@ -243,7 +238,7 @@ def test_bad_field_is_one_error_naming_it(overrides, field):
       node = node[parent]
     node[leaf] = value
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as error:
-    config_lib.validate(config)
+    spec_lib.from_config(config)
   assert "\n" not in str(error.value)
 
 
@@ -252,13 +247,13 @@ def test_unknown_field_is_refused():
   config.unlock()
   config.lerning_rate = 0.1
   with pytest.raises(ConfigError, match="config.lerning_rate is not a field"):
-    config_lib.validate(config)
+    spec_lib.from_config(config)
 
 
 
 
 def test_policy_starts_from_hugging_face_or_orbax_with_a_zero_value_head_for_ppo(tmp_path):
-  from ksjax.trainer import defaults, policy  # pylint: disable=g-import-not-at-top
+  from ksjax.run import config as defaults, policy  # pylint: disable=g-import-not-at-top
   llama = tiny_llama(seed=3)
   hf_dir, orbax_dir = str(tmp_path / "hf"), str(tmp_path / "orbax")
   model.save_hf(llama, llama.cfg, hf_dir)
@@ -270,8 +265,11 @@ def test_policy_starts_from_hugging_face_or_orbax_with_a_zero_value_head_for_ppo
       config = defaults.base_config()
       config[field] = path
       config.algorithm = algorithm
-      got = dict(nnx.to_flat_state(nnx.state(policy.build_model(config, VOCAB, mesh))))
-      assert policy.policy_config(config, VOCAB).value_head == (algorithm == "ppo")
+      spec = spec_lib.from_config(config)
+      got = dict(nnx.to_flat_state(nnx.state(policy.build_model(
+          spec.model, VOCAB, mesh, value_head=spec.loss.value_head, seed=0))))
+      assert policy.policy_config(spec.model, VOCAB,
+                                  value_head=spec.loss.value_head).value_head == (algorithm == "ppo")
       for name, variable in expected.items():
         np.testing.assert_array_equal(got[name][...], variable[...])
       if algorithm == "ppo":
@@ -281,7 +279,8 @@ def test_policy_starts_from_hugging_face_or_orbax_with_a_zero_value_head_for_ppo
   config = defaults.base_config()
   config.init_hf = str(tmp_path / "missing")
   with pytest.raises(ConfigError, match="config.init_hf"):
-    policy.build_model(config, VOCAB, mesh)
+    policy.build_model(spec_lib.from_config(config).model, VOCAB, mesh, value_head=False, seed=0)
   config.init_hf = hf_dir
   with pytest.raises(ConfigError, match="vocab_size=32 is smaller"):
-    policy.build_model(config, VOCAB + 1, mesh)
+    policy.build_model(spec_lib.from_config(config).model, VOCAB + 1, mesh, value_head=False,
+                       seed=0)

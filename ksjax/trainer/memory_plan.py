@@ -1,4 +1,4 @@
-"""The memory plan: what each device must hold for a trainer config, before anything is allocated.
+"""The memory plan: what each device must hold for a run, before anything is allocated.
 
 A run holds, per device, at all times
   * the parameters of the policy and its AdamW moments (the `TrainState` the update donates);
@@ -51,11 +51,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ksjax import model
 from ksjax.config_validation import ConfigError
 from ksjax.model import sharding
+from ksjax.run import policy
+from ksjax.run import tasks as run_tasks
+from ksjax.run.spec import TrainSpec
 from ksjax.sampling import batching
 from ksjax.sampling import sampler as sampler_lib
 from ksjax.sampling.config import SamplerConfig
-from ksjax.trainer import config as trainer_config
-from ksjax.trainer import policy
+from ksjax.trainer import batch as batch_lib
 from ksjax.trainer import update as update_lib
 
 # Models with at most this many layers are compiled whole; deeper ones at `PROBE_DEPTHS`.
@@ -117,22 +119,21 @@ class ProgramMemory:
 # What the trainer would build, abstractly
 # ---------------------------------------------------------------------------------------------
 
-def vocab_size_of(config: Any) -> int:
+def vocab_size_of(spec: TrainSpec) -> int:
   """The vocabulary the trainer's model will have: the checkpoint's, else the task tokenizer's."""
-  if config.init_hf or config.init_checkpoint:
-    return policy.policy_config(config, vocab_size=1).vocab_size
-  if config.task == "synthetic":
+  if spec.model.pretrained:
+    return policy.policy_config(spec.model, vocab_size=1, value_head=False).vocab_size
+  if spec.task.is_synthetic:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.make_tokenizer().vocab_size
-  if config.tokenizer.path:
-    from ksjax.trainer import tasks  # pylint: disable=g-import-not-at-top
-    return tasks._tokenizer(config).vocab_size  # pylint: disable=protected-access
-  return model.preset(config.model.preset).vocab_size
+  if spec.task.tokenizer_path:
+    return run_tasks.tokenizer(spec.task, spec.model).vocab_size
+  return model.preset(spec.model.preset).vocab_size
 
 
-def prompt_len_of(config: Any) -> int:
+def prompt_len_of(spec: TrainSpec) -> int:
   """The longest prompt a plan assumes: the synthetic task's exactly, else DEFAULT_PROMPT_LEN."""
-  if config.task == "synthetic":
+  if spec.task.is_synthetic:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.max_prompt_chars() + 1  # one token per character, and BOS
   return DEFAULT_PROMPT_LEN
@@ -146,42 +147,6 @@ def abstract_params(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> tuple[nn
           leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, sharding.partition_spec(path))),
       state)
   return graphdef, placed
-
-
-def make_updater(config: Any, graphdef: nnx.GraphDef,
-                 mesh: jax.sharding.Mesh) -> update_lib.Updater:
-  """The trainer's Updater for `config` (same optimizer and loss as `ksjax.trainer.loop`)."""
-  loss_cfg = update_lib.LossConfig(
-      algorithm=config.algorithm, clip_eps=config.clip_eps, value_clip=config.value_clip,
-      value_coef=config.value_coef, is_cap=config.is_cap, kl_coef=config.kl_coef,
-      kl_estimator=config.kl_estimator, temperature=config.temperature)
-  optimizer = update_lib.make_optimizer(
-      learning_rate=config.learning_rate, warmup_steps=config.lr_warmup_steps,
-      weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, b1=config.adam_b1,
-      b2=config.adam_b2, eps=config.adam_eps)
-  return update_lib.Updater(graphdef, optimizer, loss_cfg, mesh)
-
-
-def update_batch(config: Any, mesh: jax.sharding.Mesh, *, rows: int, micro: int,
-                 seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The [M, m, T] arrays `ksjax.trainer.learner.learn` gives one dense optimizer step."""
-  m = micro
-  shape_mm = (rows // m, m)
-  shapes = {"tokens": (jnp.int32, 3), "attention_mask": (jnp.bool_, 3),
-            "token_weight": (jnp.float32, 3), "behaviour_logp": (jnp.float32, 3),
-            "advantage": (jnp.float32, 2)}
-  if config.algorithm in update_lib.CLIPPED:
-    shapes["old_logp"] = (jnp.float32, 3)
-  if config.algorithm == "ppo":
-    shapes.update(old_value=(jnp.float32, 2), value_weight=(jnp.float32, 2))
-  if config.kl_coef > 0:
-    shapes["ref_logp"] = (jnp.float32, 3)
-  out = {}
-  for name, (dtype, ndim) in shapes.items():
-    spec = P(None, sharding.BATCH, *([None] * (ndim - 2)))
-    out[name] = jax.ShapeDtypeStruct(shape_mm + (seq_len,) * (ndim - 2), dtype,
-                                     sharding=NamedSharding(mesh, spec))
-  return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,31 +167,30 @@ class Shapes:
   eval_max_new_tokens: int
 
 
-def plan_shapes(config: Any, mesh: jax.sharding.Mesh, prompt_len: int) -> Shapes:
-  derived = trainer_config.validate(config)
+def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Shapes:
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  trainer_config.check_mesh(derived, shards)
+  spec.check_mesh(shards)
   # As `ksjax.trainer.learner.learn` lays out a dense mini-batch.
-  rows = derived.minibatch_rows
-  micro = -(-min(rows, derived.micro_batch_size) // shards) * shards
+  rows = spec.minibatch_rows
+  micro = -(-min(rows, spec.loss.micro_batch_size) // shards) * shards
+  s, h = spec.sampling, spec.held_out
   return Shapes(
       prompt_len=batching.bucket_length(prompt_len), update_rows=-(-rows // micro) * micro,
       micro_batch=micro,
-      sample_prompts=batching.bucket_prompt_batch(config.batch_prompts, derived.n, shards),
-      samples=derived.n, max_new_tokens=config.max_new_tokens,
-      eval_prompts=batching.bucket_prompt_batch(config.eval.batch_prompts,
-                                                config.eval.num_samples, shards),
-      eval_samples=config.eval.num_samples, eval_max_new_tokens=derived.eval_max_new_tokens)
+      sample_prompts=batching.bucket_prompt_batch(s.batch_prompts, s.n, shards),
+      samples=s.n, max_new_tokens=s.max_new_tokens,
+      eval_prompts=batching.bucket_prompt_batch(h.batch_prompts, h.num_samples, shards),
+      eval_samples=h.num_samples, eval_max_new_tokens=h.max_new_tokens)
 
 
-def compile_update(config: Any, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
+def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
                    shapes: Shapes) -> ProgramMemory:
   """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating."""
   graphdef, params = abstract_params(cfg, mesh)
-  updater = make_updater(config, graphdef, mesh)
+  updater = update_lib.build_updater(spec, graphdef, mesh)
   state = updater.abstract_state(params)
-  batch = update_batch(config, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
-                       seq_len=shapes.prompt_len + shapes.max_new_tokens)
+  batch = batch_lib.abstract(spec.loss, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
+                             seq_len=shapes.prompt_len + shapes.max_new_tokens)
   step = updater.step_program(state, batch, shapes.prompt_len)
   return ProgramMemory.of(step.lower(state, batch).compile())
 
@@ -287,7 +251,7 @@ def _by_depth(fn, cfg: model.LlamaConfig, scanned: bool = False):
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
-  """Per-device bytes of a trainer config on a mesh. See the module docstring."""
+  """Per-device bytes of a run on a mesh. See the module docstring."""
   model: model.LlamaConfig
   mesh: dict[str, int]
   platform: str            # the backend the programs were compiled for
@@ -380,51 +344,51 @@ def abstract_mesh(shape: Sequence[int], num_devices: int) -> jax.sharding.Abstra
                                    axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
-def resolve(config: Any, devices: Sequence[jax.Device] | int | None = None,
+def resolve(spec: TrainSpec, devices: Sequence[jax.Device] | int | None = None,
             vocab_size: int | None = None) -> tuple[model.LlamaConfig, Any]:
-  """The model config and mesh a trainer run of `config` would have; ConfigError if invalid.
+  """The model config and mesh a run of `spec` would have; ConfigError if they do not fit.
 
   `devices` may be a device count: the mesh is then abstract (exact parts only, no compiling).
   """
-  trainer_config.validate(config)
   if isinstance(devices, int):
-    mesh = abstract_mesh(config.mesh, devices)
+    mesh = abstract_mesh(spec.run.mesh, devices)
   else:
-    mesh = sharding.make_mesh(tuple(config.mesh), devices)
-  cfg = policy.policy_config(config, vocab_size or vocab_size_of(config))
+    mesh = sharding.make_mesh(spec.run.mesh, devices)
+  cfg = policy.policy_config(spec.model, vocab_size or vocab_size_of(spec),
+                             value_head=spec.loss.value_head)
   sharding.check_divisible(cfg, mesh)
   return cfg, mesh
 
 
-def state_bytes(config: Any, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> StateBytes:
+def state_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> StateBytes:
   """Parameters, optimizer state and reference per device, exactly, from shapes and shardings."""
   graphdef, params = abstract_params(cfg, mesh)
-  state = make_updater(config, graphdef, mesh).abstract_state(params)
+  state = update_lib.build_updater(spec, graphdef, mesh).abstract_state(params)
   return StateBytes(params=device_bytes(params), optimizer=device_bytes(state.opt_state),
                     reference=device_bytes(params))
 
 
-def plan(config: Any, *, devices: Sequence[jax.Device] | None = None,
+def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
          prompt_len: int | None = None, vocab_size: int | None = None) -> MemoryPlan:
-  """The memory plan of `config` on `devices` (default: all), without allocating the model.
+  """The memory plan of a run on `devices` (default: all), without allocating the model.
 
   Args:
-    config: a trainer config (`ksjax.trainer.defaults.base_config()` and its overrides).
-    devices: the devices of the mesh `config.mesh` (fake CPU devices plan for hardware one
+    spec: the run (`ksjax.run.spec.from_config` of a trainer config).
+    devices: the devices of the mesh `spec.run.mesh` (fake CPU devices plan for hardware one
       does not have).
-    prompt_len: the longest prompt, in tokens; default `prompt_len_of(config)`.
+    prompt_len: the longest prompt, in tokens; default `prompt_len_of(spec)`.
     vocab_size: the tokenizer's vocabulary; default: as the trainer would find it.
 
   Raises:
     ConfigError if the config is invalid, or the mesh cannot divide the model or the batch.
   """
-  prompt_len = prompt_len_of(config) if prompt_len is None else prompt_len
+  prompt_len = prompt_len_of(spec) if prompt_len is None else prompt_len
   if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
     raise ConfigError(f"prompt_len={prompt_len!r} is not accepted; expected an integer >= 1")
-  cfg, mesh = resolve(config, devices, vocab_size)
-  shapes = plan_shapes(config, mesh, prompt_len)
-  held = state_bytes(config, cfg, mesh)
-  update = _by_depth(lambda c: compile_update(config, c, mesh, shapes), cfg, scanned=cfg.remat)
+  cfg, mesh = resolve(spec, devices, vocab_size)
+  shapes = plan_shapes(spec, mesh, prompt_len)
+  held = state_bytes(spec, cfg, mesh)
+  update = _by_depth(lambda c: compile_update(spec, c, mesh, shapes), cfg, scanned=cfg.remat)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
@@ -515,13 +479,14 @@ def check(memory_plan: MemoryPlan, device_memory: int | None = None) -> MemoryPl
       "usable); change one of: " + "; ".join(advice(memory_plan, device_memory)))
 
 
-def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> MemoryPlan | None:
-  """Plans `config` and raises ConfigError, saying what to change, if it cannot fit.
+def check_fits(spec: TrainSpec, device_memory: int | None = None,
+               **plan_args) -> MemoryPlan | None:
+  """Plans a run and raises ConfigError, saying what to change, if it cannot fit.
 
   The trainer calls this at start-up, before it allocates anything.
 
   Args:
-    config: the trainer config.
+    spec: the run.
     device_memory: bytes one device has; default: what the runtime reports. When neither is
       known (CPU), nothing is planned and None is returned.
     **plan_args: passed to `plan` (devices, prompt_len, vocab_size).
@@ -533,7 +498,7 @@ def check_fits(config: Any, device_memory: int | None = None, **plan_args) -> Me
     device_memory = device_memory_bytes()
   if device_memory is None:
     return None
-  return check(plan(config, **plan_args), device_memory)
+  return check(plan(spec, **plan_args), device_memory)
 
 
 __all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "abstract_mesh", "check",

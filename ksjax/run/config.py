@@ -1,4 +1,5 @@
-"""The trainer's configs: every field once, with its default and what it means.
+"""The trainer config, an ml_collections ConfigDict: every field once, with its default and what
+it means. `ksjax.run.spec.from_config` reads it into typed specs.
 
 `base_config()` defines every field. `embedded_task_config()` is the CPU run on the embedded
 synthetic task that `configs/pass_at_k.py` and its siblings start from (sizes measured to finish
@@ -19,7 +20,7 @@ def _nullable(value: float) -> config_dict.FieldReference:
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "synthetic"  # which task trains; see ksjax.trainer.tasks
+  c.task = "synthetic"  # which task trains; see ksjax.tasks.registry
   c.workdir = "runs/pass_at_k"
   c.seed = 0
   c.resume = False  # continue the run in workdir from its newest readable checkpoint

@@ -1,0 +1,80 @@
+"""The policy a run describes: its LlamaConfig (shapes only) and its starting weights.
+
+`policy_config` is the one place that turns a `ModelSpec` into a `LlamaConfig`, so that whatever
+reads a run's checkpoints (the eval binary, the memory plan) sees the shapes the trainer trains.
+`build_model` makes the starting policy: a Hugging Face directory (init_hf), a ksjax.model
+checkpoint (init_checkpoint) or a fresh preset with the spec's changes; for PPO with a scalar
+value head (zero-initialised when the starting point has none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import jax
+import numpy as np
+from flax import nnx
+
+from ksjax import distributed, model
+from ksjax.config_validation import ConfigError
+from ksjax.model import checkpoint as model_checkpoint
+from ksjax.model import hf_io
+from ksjax.run.spec import ModelSpec
+
+
+def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> model.LlamaConfig:
+  """The LlamaConfig of the policy a run trains (no weights read or built).
+
+  Args:
+    spec: the run's model spec.
+    vocab_size: the task tokenizer's vocabulary, used by a fresh preset.
+    value_head: whether the policy carries PPO's value head (`LossSpec.value_head`).
+  """
+  dtype = spec.dtype
+  try:
+    if spec.init_hf:
+      cfg = hf_io.read_config(spec.init_hf, dtype=dtype)
+    elif spec.init_checkpoint:
+      cfg = dataclasses.replace(model_checkpoint.load_config(spec.init_checkpoint),
+                                param_dtype=dtype, dtype=dtype)
+    else:
+      cfg = model.preset(spec.preset, vocab_size=vocab_size, param_dtype=dtype, dtype=dtype,
+                         **spec.preset_overrides)
+  except (FileNotFoundError, model.CheckpointError) as e:
+    raise ConfigError(f"config.{'init_hf' if spec.init_hf else 'init_checkpoint'}: {e}") from None
+  if cfg.vocab_size < vocab_size:
+    raise ConfigError(f"the model's vocab_size={cfg.vocab_size} is smaller than the task "
+                      f"tokenizer's {vocab_size}; expected a model for this tokenizer")
+  return dataclasses.replace(cfg, value_head=value_head, remat=spec.remat)
+
+
+def with_value_head(llama: model.Llama) -> model.Llama:
+  """`llama` with a scalar value head added (zero-initialised, so V(x) = 0 at the start)."""
+  if llama.cfg.value_head:
+    return llama
+  cfg = dataclasses.replace(llama.cfg, value_head=True)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0))))
+  loaded = dict(nnx.to_flat_state(nnx.state(llama)))
+  flat = {}
+  for path, variable in nnx.to_flat_state(abstract):
+    value = loaded[path][...] if path in loaded else np.zeros(variable.shape, variable.dtype)
+    flat[path] = variable.replace(value)
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def build_model(spec: ModelSpec, vocab_size: int, mesh: jax.sharding.Mesh, *, value_head: bool,
+                seed: int) -> model.Llama:
+  """The starting policy, every parameter placed on `mesh` by its partition spec (`seed`
+  initialises a fresh preset)."""
+  cfg = policy_config(spec, vocab_size, value_head=value_head)
+  dtype = spec.dtype
+  if spec.init_hf:
+    llama, _ = model.load_hf(spec.init_hf, mesh, dtype=dtype, value_head=cfg.value_head)
+  elif spec.init_checkpoint:
+    llama, _ = model.load_checkpoint(spec.init_checkpoint, mesh, dtype=dtype)
+    if cfg.value_head:
+      llama = model.shard(with_value_head(llama), mesh)
+  else:
+    llama = distributed.create_sharded(lambda: model.Llama(cfg, rngs=nnx.Rngs(seed)), mesh)
+  if llama.cfg.remat != cfg.remat:
+    llama.cfg = dataclasses.replace(llama.cfg, remat=cfg.remat)
+  return llama

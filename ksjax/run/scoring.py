@@ -1,0 +1,157 @@
+"""Sample, decode, score; and the per-problem summary of n scored samples.
+
+`sample_and_score` is the one path from a policy and prompts to scored completions: the sampler
+(`ksjax.sampling.generate`), the tokenizer's decode and the task's scoring. The trainer's rollout
+lays its output out for the update; `evaluate` runs it over a split in chunks for the held-out
+evaluation inside a run and for the eval binary.
+
+`per_problem` turns a problem's n outcomes into the numbers every report shows: the mean
+reward, and the unbiased pass@k and maj@k (`ksjax.objectives.estimates`) for each k.
+`summarize` averages them over groups of problems ("all", "level=3", "subject=Algebra").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ksjax import distributed, sampling
+from ksjax.objectives import estimates
+from ksjax.tasks.base import Prompt, Task
+
+ALL = "all"  # the group of every problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+  """How completions are drawn (`ksjax.sampling.generate`'s arguments besides the prompts)."""
+  num_samples: int      # n per prompt
+  max_new_tokens: int
+  temperature: float
+  top_p: float
+  top_k: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+  """Completions of G prompts, n each (rows prompt-major: row g * n + s), and their scores."""
+  output: sampling.SampleOutput   # on the host; tokens [G*n, N]
+  texts: tuple[str, ...]          # [G*n] decoded completions
+  correct_gn: np.ndarray          # bool [G, n]
+  answer_ids_gn: np.ndarray       # int32 [G, n], answer classes (majority voting)
+  rewards_gn: np.ndarray          # float32 [G, n]
+
+
+def sample_and_score(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *, seed: int,
+                     mesh=None, sampled: Callable[[], None] | None = None) -> Scored:
+  """Samples `draw.num_samples` completions per prompt, decodes them and scores them.
+  `sampled` is called between the sampling and the scoring (the trainer times the two)."""
+  tokenizer = task.tokenizer
+  out = sampling.generate(llama, [list(p.tokens) for p in prompts], num_samples=draw.num_samples,
+                          max_new_tokens=draw.max_new_tokens, temperature=draw.temperature,
+                          top_p=draw.top_p, top_k=draw.top_k, seed=seed,
+                          eos_id=tuple(tokenizer.eos_ids), mesh=mesh, pad_id=tokenizer.pad_id)
+  out = distributed.to_host(out)
+  if sampled is not None:
+    sampled()
+  tokens_rn = np.asarray(out.tokens)
+  g = len(prompts)
+  if tokens_rn.shape[0] % max(g, 1):
+    raise ValueError(f"{tokens_rn.shape[0]} sampled rows do not split into {g} prompts")
+  n = tokens_rn.shape[0] // max(g, 1)
+  texts = tuple(tokenizer.decode(row) for row in tokens_rn)
+  scores = task.score(list(prompts), [texts[i * n:(i + 1) * n] for i in range(g)])
+  return Scored(output=out, texts=texts,
+                correct_gn=np.stack([s.correct for s in scores]).astype(bool),
+                answer_ids_gn=np.stack([s.answer_ids for s in scores]).astype(np.int32),
+                rewards_gn=np.stack([s.rewards for s in scores]).astype(np.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcomes:
+  """Per-problem outcomes of one evaluation (G problems, n samples each)."""
+  num_samples: int
+  correct_gn: np.ndarray      # bool [G, n]
+  answer_ids_gn: np.ndarray   # int32 [G, n]
+  rewards_gn: np.ndarray      # float32 [G, n]
+
+
+def evaluate(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *, seed: int,
+             batch_prompts: int, mesh=None) -> Outcomes:
+  """`sample_and_score` over `prompts`, `batch_prompts` at a time (chunk c samples with seed
+  `seed + c * batch_prompts`, so a chunk's draws do not depend on the others)."""
+  correct, answer_ids, rewards = [], [], []
+  for start in range(0, len(prompts), batch_prompts):
+    scored = sample_and_score(llama, task, prompts[start:start + batch_prompts], draw,
+                              seed=seed + start, mesh=mesh)
+    correct.append(scored.correct_gn)
+    answer_ids.append(scored.answer_ids_gn)
+    rewards.append(scored.rewards_gn)
+  return Outcomes(draw.num_samples, np.concatenate(correct), np.concatenate(answer_ids),
+                  np.concatenate(rewards))
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+  return ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
+
+
+def per_problem(correct_gn: np.ndarray, answer_ids_gn: np.ndarray, rewards_gn: np.ndarray,
+                ks: Sequence[int]) -> dict[str, np.ndarray]:
+  """Each metric's estimate per problem, float64 [G], from n samples per problem ([G, n]):
+  "reward" (the mean), "pass@k" and "maj@k" for each k."""
+  n = correct_gn.shape[1]
+  num_correct_g = correct_gn.sum(axis=1)
+  out = {"reward": estimates.mean_reward(rewards_gn)}
+  for k in ks:
+    out[f"pass@{k}"] = estimates.pass_at_k(num_correct_g, n, k)
+  for k in ks:
+    out[f"maj@{k}"] = estimates.maj_at_k(answer_ids_gn, correct_gn, k)
+  return out
+
+
+def group_masks(metadata: Sequence[Mapping[str, Any]],
+                breakdown: Sequence[str]) -> dict[str, np.ndarray]:
+  """"all" and "<field>=<value>" for each breakdown field the problems carry -> bool [G]."""
+  masks = {ALL: np.ones(len(metadata), bool)}
+  for field in breakdown:
+    values = sorted({str(m[field]) for m in metadata if m.get(field) is not None},
+                    key=_natural)
+    for value in values:
+      masks[f"{field}={value}"] = np.asarray([str(m.get(field)) == value for m in metadata])
+  return masks
+
+
+def _natural(text: str):
+  """Sort "level=10" after "level=9"."""
+  return (0, float(text), text) if _is_number(text) else (1, 0.0, text)
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
+
+
+def summarize(values: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray]) -> dict:
+  """{group: {"num_problems": g, metric: mean over the group's problems}}."""
+  out = {}
+  for group, mask in masks.items():
+    out[group] = {"num_problems": int(mask.sum()),
+                  **{name: float(v[mask].mean()) for name, v in values.items()}}
+  return out
+
+
+def flat_summary(values: Mapping[str, np.ndarray], prompts: Sequence[Prompt]) -> dict[str, float]:
+  """The overall means as {metric: value} and each difficulty level's as
+  {"level<L>/<metric>": value}: the flat form training logs and tables use."""
+  groups = summarize(values, group_masks([p.metadata for p in prompts], ("level",)))
+  out = {}
+  for group, means in groups.items():
+    prefix = "" if group == ALL else group.replace("=", "") + "/"
+    out.update({prefix + name: v for name, v in means.items() if name != "num_problems"})
+  return out

@@ -1,0 +1,531 @@
+"""What a run is, as typed, frozen specifications built from a trainer config in one function.
+
+A trainer config (`ksjax.run.config.base_config`, the `configs/*.py` files, `--config.x=`
+overrides) is an ml_collections ConfigDict: the experiment as a file. Everything below the entry
+points reads a `TrainSpec` instead: frozen dataclasses, one per concern,
+
+  TaskSpec       the task, its rewards and data, the model's tokenizer;
+  ModelSpec      where the starting weights come from, or the preset, and the number format;
+  SamplingSpec   Algorithm 1's step (ii): B prompts, n completions each, how they are drawn;
+  EstimatorSpec  the k-sample objective and its estimator (`ksjax.objectives`);
+  LossSpec       the policy-gradient stack and how completions become optimizer steps;
+  OptimizerSpec  AdamW, its schedule and clipping (`build()` gives the optax transformation);
+  WarmupSpec     the optional supervised warm-up;
+  HeldOutSpec    the held-out evaluation at the start and the end of a run;
+  RunSpec        seed, work directory, mesh, length, logging and checkpoints,
+
+each checking its own fields when it is made (`__post_init__`, so a spec made in Python, in a
+test or a benchmark, is checked exactly as one read from a file), and `TrainSpec` checking how
+they combine. `from_config(config)` is the one function that reads a ConfigDict: it refuses
+fields the base config does not define, fills the defaults that depend on other fields (n = k,
+the token_sum constant, the micro-batch, the evaluation's generation budget) and builds the
+specs. Every failure is a `ConfigError` naming the config field and what it accepts; the entry
+points print it as one line and exit with status 2.
+
+The estimator's arguments are checked by calling `ksjax.objectives.k_sample_advantages` itself
+on a dummy group, so a run accepts exactly what the objective library accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from ksjax import objectives
+from ksjax import config_validation as cv
+from ksjax.config_validation import ConfigError
+from ksjax.model import config as model_config
+from ksjax.run import config as run_config
+from ksjax.tasks import registry
+
+ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
+CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
+LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "token_sum")
+KL_ESTIMATORS = ("k1", "k3")
+# Fields of config.model that change a preset when set (None keeps the preset's value).
+PRESET_OVERRIDES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                    "intermediate_size", "tie_embeddings")
+
+
+def _check(values: dict[str, Any]) -> dict:
+  """A nested view {"synthetic": {"levels": ...}} of {"synthetic.levels": ...}, for the
+  `ksjax.config_validation` checks, whose messages name the dotted config field."""
+  out: dict = {}
+  for name, value in values.items():
+    node = out
+    *parents, leaf = name.split(".")
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+class _Spec:
+  """A spec's fields and the config fields they are read from (`CONFIG`: attribute -> dotted
+  config name; an attribute not listed is read from the config field of the same name)."""
+  CONFIG: dict[str, str] = {}
+
+  @classmethod
+  def config_names(cls) -> dict[str, str]:
+    return {f.name: cls.CONFIG.get(f.name, f.name) for f in dataclasses.fields(cls)}
+
+  def _view(self) -> dict:
+    return _check({name: getattr(self, attr) for attr, name in self.config_names().items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec(_Spec):
+  """The task (`ksjax.tasks.registry`), its rewards, its data and the model's tokenizer."""
+  name: str
+  correct_reward: float = 1.0
+  wrong_reward: float = -1.0
+  reward_workers: int = 2            # processes checking answers or running programs
+  synthetic_seed: int = 0            # the embedded task's problems (not the run's seed)
+  synthetic_levels: tuple[int, ...] = (1, 2, 3, 4, 5)
+  synthetic_train_per_level: int = 800
+  synthetic_test_per_level: int = 60
+  synthetic_num_solutions: int = 4
+  data_dir: str | None = None        # dataset tasks: built by `python -m ksjax.tasks.data`
+  train_split: str = "train"
+  tokenizer_path: str | None = None  # tokenizer.json or its directory; None: the model's
+  tokenizer_bos: str | None = "<|begin_of_text|>"
+  tokenizer_eos: tuple[str, ...] = ("<|eot_id|>", "<|end_of_text|>")
+  tokenizer_pad: str | None = None   # None: the first eos token
+
+  CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",
+            **{f"synthetic_{f}": f"synthetic.{f}" for f in (
+                "seed", "levels", "train_per_level", "test_per_level", "num_solutions")},
+            **{f"tokenizer_{f}": f"tokenizer.{f}" for f in ("path", "bos", "eos", "pad")}}
+
+  def __post_init__(self):
+    c = self._view()
+    cv.choice(c, "task", registry.TASKS)
+    correct = cv.real(c, "correct_reward")
+    wrong = cv.real(c, "wrong_reward")
+    if not correct > wrong:
+      raise ConfigError(f"config.correct_reward={correct} is not accepted; expected more than "
+                        f"config.wrong_reward={wrong}")
+    cv.integer(c, "reward_workers", lo=1)
+    cv.integer(c, "synthetic.seed", lo=0, hi=2**32 - 1)
+    levels = cv.int_tuple(c, "synthetic.levels", lo=1)
+    if any(level > 5 for level in levels) or len(set(levels)) != len(levels):
+      raise ConfigError(f"config.synthetic.levels={levels!r} is not accepted; expected distinct "
+                        "levels among 1, 2, 3, 4, 5")
+    cv.integer(c, "synthetic.train_per_level", lo=1)
+    cv.integer(c, "synthetic.test_per_level", lo=1, hi=155)
+    cv.integer(c, "synthetic.num_solutions", lo=1)
+    cv.string(c, "data.data_dir", allow_none=True)
+    cv.string(c, "data.train_split")
+    cv.string(c, "tokenizer.path", allow_none=True)
+    cv.string(c, "tokenizer.bos", allow_none=True)
+    eos = self.tokenizer_eos
+    if not (isinstance(eos, (tuple, list)) and eos and all(isinstance(e, str) and e for e in eos)):
+      raise ConfigError(f"config.tokenizer.eos={eos!r} is not accepted; expected a non-empty tuple "
+                        "of token strings")
+    cv.string(c, "tokenizer.pad", allow_none=True)
+    object.__setattr__(self, "synthetic_levels", tuple(levels))
+    object.__setattr__(self, "tokenizer_eos", tuple(eos))
+
+  @property
+  def is_synthetic(self) -> bool:
+    return self.name == "synthetic"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(_Spec):
+  """The starting policy: a Hugging Face directory, a ksjax.model checkpoint, or a fresh preset
+  with some of its shapes changed; and the number format."""
+  init_hf: str | None = None
+  init_checkpoint: str | None = None
+  preset: str = "tiny"
+  hidden_size: int | None = None
+  num_layers: int | None = None
+  num_heads: int | None = None
+  num_kv_heads: int | None = None
+  head_dim: int | None = None
+  intermediate_size: int | None = None
+  tie_embeddings: bool | None = None  # None: the preset's
+  dtype: str = "float32"              # parameters and compute
+  remat: bool = False                 # scan rematerialised decoder blocks in the backward pass
+
+  CONFIG = {f: f"model.{f}" for f in ("preset", *PRESET_OVERRIDES, "dtype", "remat")}
+
+  def __post_init__(self):
+    c = self._view()
+    init_hf = cv.string(c, "init_hf", allow_none=True)
+    init_ckpt = cv.string(c, "init_checkpoint", allow_none=True)
+    if init_hf and init_ckpt:
+      raise ConfigError("config.init_hf and config.init_checkpoint are both set; expected at "
+                        "most one starting point")
+    cv.choice(c, "model.preset", model_config.PRESETS)
+    for field in PRESET_OVERRIDES[:-1]:
+      cv.integer(c, f"model.{field}", lo=1, allow_none=True)
+    if self.tie_embeddings is not None:
+      cv.boolean(c, "model.tie_embeddings")
+    cv.choice(c, "model.dtype", model_config.DTYPES)
+    cv.boolean(c, "model.remat")
+
+  @property
+  def pretrained(self) -> bool:
+    """Whether the weights come from a file (else: a fresh preset)."""
+    return bool(self.init_hf or self.init_checkpoint)
+
+  @property
+  def preset_overrides(self) -> dict[str, Any]:
+    return {f: getattr(self, f) for f in PRESET_OVERRIDES if getattr(self, f) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec(_Spec):
+  """Algorithm 1, step (ii): B prompts per step, n completions each."""
+  batch_prompts: int = 16
+  n: int = 4                 # completions per prompt (the config's None means n = k)
+  max_new_tokens: int = 64
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+
+  def __post_init__(self):
+    c = self._view()
+    cv.integer(c, "batch_prompts", lo=1)
+    cv.integer(c, "n", lo=1)
+    cv.integer(c, "max_new_tokens", lo=1)
+    cv.real(c, "temperature", lo=0.0, lo_open=True)
+    cv.real(c, "top_p", lo=0.0, hi=1.0, lo_open=True)
+    cv.integer(c, "top_k", lo=0)
+
+  @property
+  def rows(self) -> int:
+    """Completions per step, B * n."""
+    return self.batch_prompts * self.n
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorSpec(_Spec):
+  """The k-sample objective and its estimator (same names as `ksjax.objectives`)."""
+  aggregator: str = "pass_at_k"
+  baseline: str = "loo"
+  k: int = 4
+  p: int = 1          # leave_p_out only
+  beta: float = 1.0   # softmax only
+  scale: str = "none"
+
+  def __post_init__(self):
+    c = self._view()
+    cv.integer(c, "k", lo=1)
+    cv.choice(c, "aggregator", objectives.AGGREGATORS)
+    cv.choice(c, "baseline", objectives.BASELINES)
+    cv.choice(c, "scale", objectives.SCALES)
+    cv.integer(c, "p", lo=1)
+    cv.real(c, "beta")
+
+  def check_with(self, n: int) -> None:
+    """What the objective library accepts for groups of n completions (ConfigError if not)."""
+    if self.k > n:
+      raise ConfigError(f"config.k={self.k} is not accepted with config.n={n}; expected k <= n "
+                        "(the objective's k samples come from the n completions of a prompt)")
+    try:
+      self.advantages(np.linspace(-1.0, 1.0, n, dtype=np.float32)[None],
+                      np.arange(n, dtype=np.int32)[None])
+    except ValueError as e:
+      raise ConfigError(f"config.{e} (with aggregator={self.aggregator!r}, "
+                        f"baseline={self.baseline!r}, k={self.k}, n={n})") from None
+
+  def advantages(self, rewards_bn: np.ndarray, answer_ids_bn: np.ndarray) -> np.ndarray:
+    """The k-sample weights of `ksjax.objectives`, float32 [B, n]."""
+    return np.asarray(objectives.k_sample_advantages(
+        rewards_bn, aggregator=self.aggregator, baseline=self.baseline, k=self.k, p=self.p,
+        beta=self.beta, scale=self.scale, answer_ids=answer_ids_bn), np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec(_Spec):
+  """The policy-gradient stack, and how one step's completions become optimizer steps."""
+  algorithm: str = "pg"
+  aggregation: str = "token_sum"
+  loss_constant: float = 64.0        # C of token_sum (the config's None: max_new_tokens)
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+  micro_batch_size: int = 64         # rows per gradient micro-batch (None: a mini-batch)
+  clip_eps: float = 0.2
+  value_clip: float = 0.2
+  value_coef: float = 0.5
+  is_cap: float | None = None        # truncated importance weight cap; None: no correction
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  sparse_updates: bool = True        # drop zero-advantage completions when no term reads them
+
+  CONFIG = {"aggregation": "loss_aggregation"}
+
+  def __post_init__(self):
+    c = self._view()
+    cv.choice(c, "algorithm", ALGORITHMS)
+    cv.choice(c, "loss_aggregation", LOSS_AGGREGATIONS)
+    cv.real(c, "loss_constant", lo=0.0, lo_open=True)
+    epochs = cv.integer(c, "ppo_epochs", lo=1)
+    minibatches = cv.integer(c, "num_minibatches", lo=1)
+    cv.integer(c, "micro_batch_size", lo=1)
+    cv.real(c, "clip_eps", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    cv.real(c, "value_clip", lo=0.0, lo_open=True)
+    cv.real(c, "value_coef", lo=0.0)
+    cv.optional_real(c, "is_cap", lo=1.0)
+    cv.real(c, "kl_coef", lo=0.0)
+    cv.choice(c, "kl_estimator", KL_ESTIMATORS)
+    cv.boolean(c, "sparse_updates")
+    if self.algorithm == "pg" and (epochs > 1 or minibatches > 1) and self.is_cap is None:
+      raise ConfigError("config.ppo_epochs or config.num_minibatches > 1 with algorithm='pg' "
+                        "makes later optimizer steps off-policy; expected an importance-weight "
+                        "cap config.is_cap (e.g. 2.0), or ppo_epochs = num_minibatches = 1")
+
+  @property
+  def clipped(self) -> bool:
+    return self.algorithm in CLIPPED
+
+  @property
+  def value_head(self) -> bool:
+    """PPO trains a value head on the policy's trunk."""
+    return self.algorithm == "ppo"
+
+  @property
+  def needs_every_row(self) -> bool:
+    """Whether some loss term reads rows whose advantage is 0: the value loss of PPO (its
+    target R_i - V(x) is trained on every completion) or a KL penalty."""
+    return self.algorithm == "ppo" or self.kl_coef > 0
+
+  @property
+  def use_sparse(self) -> bool:
+    """Sparse updates, when asked for and allowed: the one place this is decided."""
+    return self.sparse_updates and not self.needs_every_row
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec(_Spec):
+  """AdamW with a linear warm-up to a constant learning rate and global-norm clipping."""
+  learning_rate: float = 1e-3
+  lr_warmup_steps: int = 5
+  weight_decay: float = 0.0
+  max_grad_norm: float | None = 1.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+
+  CONFIG = {"b1": "adam_b1", "b2": "adam_b2", "eps": "adam_eps"}
+
+  def __post_init__(self):
+    c = self._view()
+    cv.real(c, "learning_rate", lo=0.0, lo_open=True)
+    cv.integer(c, "lr_warmup_steps", lo=0)
+    cv.real(c, "weight_decay", lo=0.0)
+    cv.optional_real(c, "max_grad_norm", lo=0.0, lo_open=True)
+    cv.real(c, "adam_b1", lo=0.0, hi=1.0, hi_open=True)
+    cv.real(c, "adam_b2", lo=0.0, hi=1.0, hi_open=True)
+    cv.real(c, "adam_eps", lo=0.0, lo_open=True)
+
+  def schedule(self) -> optax.Schedule:
+    """Linear warm-up from 0 to `learning_rate` over `lr_warmup_steps`, then constant."""
+    if not self.lr_warmup_steps:
+      return optax.constant_schedule(self.learning_rate)  # a 0-step warm-up would stay at 0
+    return optax.warmup_constant_schedule(0.0, self.learning_rate, self.lr_warmup_steps)
+
+  def build(self) -> optax.GradientTransformation:
+    """The optax transformation. Weight decay applies to matrices only (not to norm scales or
+    the value bias), as is usual."""
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+    adamw = optax.adamw(self.schedule(), b1=self.b1, b2=self.b2, eps=self.eps,
+                        weight_decay=self.weight_decay, mask=decay_mask)
+    if self.max_grad_norm is None:
+      return adamw
+    return optax.chain(optax.clip_by_global_norm(self.max_grad_norm), adamw)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupSpec(_Spec):
+  """Supervised warm-up on the task's reference solutions, before RL (0 steps: none)."""
+  steps: int = 0
+  batch_size: int = 64
+  learning_rate: float = 3e-3
+  lr_warmup_steps: int = 20
+  weight_decay: float = 0.0
+
+  CONFIG = {f: f"sft_warmup.{f}" for f in (
+      "steps", "batch_size", "learning_rate", "lr_warmup_steps", "weight_decay")}
+
+  def __post_init__(self):
+    c = self._view()
+    cv.integer(c, "sft_warmup.steps", lo=0)
+    cv.integer(c, "sft_warmup.batch_size", lo=1)
+    cv.real(c, "sft_warmup.learning_rate", lo=0.0, lo_open=True)
+    cv.integer(c, "sft_warmup.lr_warmup_steps", lo=0)
+    cv.real(c, "sft_warmup.weight_decay", lo=0.0)
+
+  def optimizer(self) -> OptimizerSpec:
+    """The warm-up's own AdamW (its state is discarded afterwards: RL starts afresh)."""
+    return OptimizerSpec(learning_rate=self.learning_rate, lr_warmup_steps=self.lr_warmup_steps,
+                         weight_decay=self.weight_decay, max_grad_norm=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutSpec(_Spec):
+  """The held-out evaluation at the (warmed-up) start and at the end of a run."""
+  at_start: bool = True
+  at_end: bool = True
+  split: str = "test"
+  num_prompts: int | None = None   # None: the whole split
+  num_samples: int = 16            # n per prompt for the unbiased pass@k / maj@k
+  ks: tuple[int, ...] = (1, 4, 8, 16)
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_new_tokens: int = 64         # the config's None: the run's max_new_tokens
+  batch_prompts: int = 64          # prompts per sampler call
+
+  @classmethod
+  def config_names(cls) -> dict[str, str]:
+    return {f.name: f"eval.{f.name}" for f in dataclasses.fields(cls)}
+
+  def __post_init__(self):
+    c = self._view()
+    cv.boolean(c, "eval.at_start")
+    cv.boolean(c, "eval.at_end")
+    cv.string(c, "eval.split")
+    cv.integer(c, "eval.num_prompts", lo=1, allow_none=True)
+    eval_n = cv.integer(c, "eval.num_samples", lo=1)
+    ks = cv.int_tuple(c, "eval.ks", lo=1)
+    for ek in ks:
+      if ek > eval_n:
+        raise ConfigError(f"config.eval.ks={ks!r} is not accepted; expected every k <= "
+                          f"eval.num_samples={eval_n}")
+    cv.real(c, "eval.temperature", lo=0.0)
+    cv.real(c, "eval.top_p", lo=0.0, hi=1.0, lo_open=True)
+    cv.integer(c, "eval.top_k", lo=0)
+    cv.integer(c, "eval.max_new_tokens", lo=1)
+    cv.integer(c, "eval.batch_prompts", lo=1)
+    object.__setattr__(self, "ks", tuple(ks))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec(_Spec):
+  """The run around the steps: seed, directory, mesh, length, logs and checkpoints."""
+  workdir: str = "runs/pass_at_k"
+  seed: int = 0
+  resume: bool = False
+  mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the remaining devices
+  num_steps: int = 100
+  log_every: int = 1
+  checkpoint_every: int = 25
+  keep_checkpoints: int = 3
+  async_checkpoints: bool = True
+  progress_bar: bool = True
+
+  def __post_init__(self):
+    c = self._view()
+    cv.string(c, "workdir")
+    cv.integer(c, "seed", lo=0, hi=2**31 - 1)
+    cv.boolean(c, "resume")
+    mesh = cv.int_tuple(c, "mesh", length=3)
+    if any(s == 0 or s < -1 for s in mesh) or mesh.count(-1) > 1:
+      raise ConfigError(f"config.mesh={mesh!r} is not accepted; expected three sizes >= 1 for "
+                        "(data, fsdp, tensor), at most one of them -1 (the remaining devices)")
+    cv.integer(c, "num_steps", lo=0)
+    cv.integer(c, "log_every", lo=1)
+    cv.integer(c, "checkpoint_every", lo=1)
+    cv.integer(c, "keep_checkpoints", lo=1)
+    cv.boolean(c, "async_checkpoints")
+    cv.boolean(c, "progress_bar")
+    object.__setattr__(self, "mesh", tuple(mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """A whole training run. `config_json` is the ConfigDict it came from, as JSON-ready data:
+  what the run directory and every checkpoint record."""
+  task: TaskSpec
+  model: ModelSpec
+  sampling: SamplingSpec
+  estimator: EstimatorSpec
+  loss: LossSpec
+  optimizer: OptimizerSpec
+  warmup: WarmupSpec
+  held_out: HeldOutSpec
+  run: RunSpec
+  config_json: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  def __post_init__(self):
+    if not self.task.is_synthetic and not self.model.pretrained:
+      raise ConfigError(f"config.init_hf is missing; task {self.task.name!r} trains a "
+                        "pre-trained model: expected a Hugging Face Llama directory (or "
+                        "config.init_checkpoint, a ksjax.model checkpoint)")
+    self.estimator.check_with(self.sampling.n)
+    scale, algorithm = self.estimator.scale, self.loss.algorithm
+    if algorithm == "grpo" and scale != "group_std":
+      raise ConfigError(f"config.scale={scale!r} is not accepted with algorithm='grpo', which "
+                        "divides by the group's standard deviation; expected 'group_std' (or "
+                        "algorithm='dr_grpo' for no division)")
+    if algorithm == "dr_grpo" and scale != "none":
+      raise ConfigError(f"config.scale={scale!r} is not accepted with algorithm='dr_grpo', "
+                        "which does not divide by the group's standard deviation; expected "
+                        "'none' (or algorithm='grpo')")
+    rows, minibatches = self.sampling.rows, self.loss.num_minibatches
+    if rows % minibatches:
+      raise ConfigError(f"config.num_minibatches={minibatches} is not accepted; expected a "
+                        f"divisor of the completions per step, batch_prompts * n = {rows}")
+    if self.minibatch_rows % self.loss.micro_batch_size:
+      raise ConfigError(f"config.micro_batch_size={self.loss.micro_batch_size} is not accepted; "
+                        f"expected a divisor of the rows per optimizer step, "
+                        f"{self.minibatch_rows}")
+
+  @property
+  def minibatch_rows(self) -> int:
+    """Rows per optimizer step."""
+    return self.sampling.rows // self.loss.num_minibatches
+
+  def check_mesh(self, batch_shards: int) -> None:
+    """Rows must split evenly over the mesh's batch axes (data x fsdp)."""
+    if self.loss.micro_batch_size % batch_shards:
+      raise ConfigError(f"config.micro_batch_size (or the rows per optimizer step) = "
+                        f"{self.loss.micro_batch_size} is not accepted on this mesh; expected a "
+                        f"multiple of the batch shards data x fsdp = {batch_shards}")
+
+
+def _read(cls, config: Any, **resolved) -> Any:
+  """`cls` from its config fields; `resolved` replaces fields whose config value depends on
+  others."""
+  values = {attr: cv.get(config, name) for attr, name in cls.config_names().items()}
+  values.update(resolved)
+  return cls(**values)
+
+
+def from_config(config: Any) -> TrainSpec:
+  """The one reader of a trainer ConfigDict. Raises ConfigError naming the field."""
+  cv.known_fields(config, run_config.base_config(), "the trainer config")
+  task = _read(TaskSpec, config)
+  model = _read(ModelSpec, config)
+  k = cv.integer(config, "k", lo=1)
+  n = cv.integer(config, "n", lo=1, allow_none=True)
+  max_new = cv.integer(config, "max_new_tokens", lo=1)
+  sampling = _read(SamplingSpec, config, n=k if n is None else n)
+  estimator = _read(EstimatorSpec, config)
+  constant = cv.optional_real(config, "loss_constant", lo=0.0, lo_open=True)
+  minibatches = cv.integer(config, "num_minibatches", lo=1)
+  micro = cv.integer(config, "micro_batch_size", lo=1, allow_none=True)
+  loss = _read(LossSpec, config, loss_constant=float(max_new) if constant is None else constant,
+               micro_batch_size=sampling.rows // minibatches if micro is None else micro)
+  optimizer = _read(OptimizerSpec, config)
+  run = _read(RunSpec, config)
+  warmup = _read(WarmupSpec, config)
+  eval_max_new = cv.integer(config, "eval.max_new_tokens", lo=1, allow_none=True)
+  held_out = _read(HeldOutSpec, config,
+                   max_new_tokens=max_new if eval_max_new is None else eval_max_new)
+  return TrainSpec(task=task, model=model, sampling=sampling, estimator=estimator, loss=loss,
+                   optimizer=optimizer, warmup=warmup, held_out=held_out, run=run,
+                   config_json=config_json(config))
+
+
+def config_json(config: Any) -> dict[str, Any]:
+  """The ConfigDict as plain JSON-ready data (tuples become lists)."""
+  return json.loads(config.to_json_best_effort(sort_keys=True))
