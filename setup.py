@@ -19,6 +19,8 @@ INSTALL_REQUIRES = [
     "pyarrow>=14",  # CodeContests and TACO are published as parquet/arrow
     "safetensors>=0.4",
     "tokenizers>=0.20",
+    "gguf>=0.10",  # ksjax.model.gguf_io reads llama.cpp's GGUF files
+    "jinja2>=3.1",  # chat templates (GGUF tokenizer.chat_template)
     "matplotlib>=3.8",
     "tensorboardX>=2.6",
     "tqdm>=4.66",
@@ -34,6 +36,7 @@ TEST_REQUIRES = [
     # torch is pinned: a CPU build of exactly this version is what pip finds without CUDA wheels.
     "torch==2.13.0",
     "transformers>=4.45",
+    "accelerate>=1.0",  # transformers' GGUF loading (tests/model/test_gguf_io.py)
     "nbclient>=0.10",
     "nbformat>=5.9",
     "ipykernel>=6.29",

@@ -8,6 +8,7 @@ from ksjax.model.checkpoint import CheckpointError
 from ksjax.model.checkpoint import load as load_checkpoint
 from ksjax.model.checkpoint import save as save_checkpoint
 from ksjax.model.hf_io import load_hf, save_hf
+from ksjax.model.gguf_io import GGUFError, load_gguf, read_gguf_config, read_gguf_tokenizer
 from ksjax.model.llama import Cache, Llama, default_positions, init_cache
 from ksjax.model.logprobs import token_logprobs
 from ksjax.model.sharding import make_mesh, shard
@@ -17,4 +18,5 @@ __all__ = [
     "Cache", "Llama", "default_positions", "init_cache",
     "CheckpointError", "load_checkpoint", "save_checkpoint", "load_hf", "save_hf",
     "make_mesh", "shard", "token_logprobs",
+    "GGUFError", "load_gguf", "read_gguf_config", "read_gguf_tokenizer",
 ]

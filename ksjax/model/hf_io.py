@@ -210,12 +210,6 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, dtype: str = "floa
   headers = _headers(files)
   skippable = _validate(cfg, maps, headers)
 
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
-  abstract_params = dict(nnx.to_flat_state(abstract))
-  new_params = {("value_head",), ("value_bias",)} if value_head else set()
-  if set(abstract_params) != {m.path for m in maps} | new_params:  # table and model must agree
-    raise AssertionError("hf_io.tensor_maps is out of date with Llama's parameters")
-
   if "lm_head.weight" in skippable:
     embed = _read(files["model.embed_tokens.weight"], "model.embed_tokens.weight")
     if not np.array_equal(embed, _read(files["lm_head.weight"], "lm_head.weight")):
@@ -223,15 +217,36 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, dtype: str = "floa
                             "but config.json says tie_word_embeddings=true")
     del embed
 
+  return place_tensors(cfg, lambda m: _read(files[m.hf_name], m.hf_name), mesh), cfg
+
+
+def place_tensors(cfg: LlamaConfig, read: Callable[[TensorMap], np.ndarray],
+                  mesh: jax.sharding.Mesh | None = None) -> Llama:
+  """The Llama of `cfg` with every tensor of `tensor_maps(cfg)` read by `read` and placed.
+
+  `read(m)` returns tensor `m.hf_name` on the host in the Hugging Face layout (`m.hf_shape`) and
+  any float dtype; it is called once per tensor, and each is converted to our layout, cast to
+  `cfg.param_dtype` and handed to `mesh` (the default device when None) before the next is read,
+  so the host holds one tensor at a time. Shared by every importer (`load_hf`, `gguf_io`), which
+  validate their files first. A zero value head is added when `cfg.value_head`.
+  """
+  dtype = jnp.dtype(cfg.param_dtype)
+  maps = tensor_maps(cfg)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+  abstract_params = dict(nnx.to_flat_state(abstract))
+  new_params = {("value_head",), ("value_bias",)} if cfg.value_head else set()
+  if set(abstract_params) != {m.path for m in maps} | new_params:  # table and model must agree
+    raise AssertionError("hf_io.tensor_maps is out of date with Llama's parameters")
+
   def target(path_):
     return (_default_sharding() if mesh is None
             else jax.sharding.NamedSharding(mesh, sharding.partition_spec(path_)))
 
-  placed = {p: jax.device_put(jnp.zeros(abstract_params[p].shape, jnp.dtype(dtype)), target(p))
+  placed = {p: jax.device_put(jnp.zeros(abstract_params[p].shape, dtype), target(p))
             for p in new_params}
   for m in maps:
     leaf = abstract_params[m.path]
-    host = m.to_ours(_read(files[m.hf_name], m.hf_name)).astype(jnp.dtype(dtype))
+    host = m.to_ours(read(m)).astype(dtype)
     if host.shape != leaf.shape:
       raise AssertionError(f"{m.hf_name}: converted to {host.shape}, model wants {leaf.shape}")
     placed[m.path] = jax.make_array_from_callback(host.shape, target(m.path),
@@ -239,7 +254,7 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, dtype: str = "floa
     del host
 
   state = nnx.from_flat_state({p: abstract_params[p].replace(placed[p]) for p in placed})
-  return nnx.merge(graphdef, state), cfg
+  return nnx.merge(graphdef, state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,4 +320,5 @@ def save_hf(llama: Llama, cfg: LlamaConfig, out_path: str,
     raise
 
 
-__all__ = ["CheckpointError", "TensorMap", "tensor_maps", "read_config", "load_hf", "save_hf"]
+__all__ = ["CheckpointError", "TensorMap", "tensor_maps", "read_config", "load_hf", "place_tensors",
+           "save_hf"]
