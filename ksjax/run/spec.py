@@ -47,6 +47,9 @@ ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
 CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
 LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "token_sum")
 KL_ESTIMATORS = ("k1", "k3")
+# Where starting weights may come from: a Hugging Face directory, a ksjax.model checkpoint, a GGUF.
+STARTS = ("init_hf", "init_checkpoint", "init_gguf")
+ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
 # Fields of config.model that change a preset when set (None keeps the preset's value).
 PRESET_OVERRIDES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                     "intermediate_size", "tie_embeddings")
@@ -96,10 +99,18 @@ class TaskSpec(_Spec):
   tokenizer_bos: str | None = "<|begin_of_text|>"
   tokenizer_eos: tuple[str, ...] = ("<|eot_id|>", "<|end_of_text|>")
   tokenizer_pad: str | None = None   # None: the first eos token
+  arithmetic_seed: int = 0           # the word-problem task's problems
+  arithmetic_levels: tuple[int, ...] = (1, 2, 3, 4)
+  arithmetic_train_per_level: int = 500
+  arithmetic_test_per_level: int = 50
+  system_prompt: str | None = None   # chat tasks: the system message, if any
 
   CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",
+            "system_prompt": "chat.system_prompt",
             **{f"synthetic_{f}": f"synthetic.{f}" for f in (
                 "seed", "levels", "train_per_level", "test_per_level", "num_solutions")},
+            **{f"arithmetic_{f}": f"arithmetic.{f}" for f in (
+                "seed", "levels", "train_per_level", "test_per_level")},
             **{f"tokenizer_{f}": f"tokenizer.{f}" for f in ("path", "bos", "eos", "pad")}}
 
   def __post_init__(self):
@@ -128,12 +139,29 @@ class TaskSpec(_Spec):
       raise ConfigError(f"config.tokenizer.eos={eos!r} is not accepted; expected a non-empty tuple "
                         "of token strings")
     cv.string(c, "tokenizer.pad", allow_none=True)
+    cv.integer(c, "arithmetic.seed", lo=0, hi=2**32 - 1)
+    arithmetic_levels = cv.int_tuple(c, "arithmetic.levels", lo=1)
+    if (any(level > ARITHMETIC_LEVELS for level in arithmetic_levels)
+        or len(set(arithmetic_levels)) != len(arithmetic_levels)):
+      raise ConfigError(f"config.arithmetic.levels={arithmetic_levels!r} is not accepted; "
+                        f"expected distinct levels among 1..{ARITHMETIC_LEVELS}")
+    cv.integer(c, "arithmetic.train_per_level", lo=1)
+    cv.integer(c, "arithmetic.test_per_level", lo=1)
+    if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+      raise ConfigError(f"config.chat.system_prompt={self.system_prompt!r} is not accepted; "
+                        "expected a string or None")
     object.__setattr__(self, "synthetic_levels", tuple(levels))
+    object.__setattr__(self, "arithmetic_levels", tuple(arithmetic_levels))
     object.__setattr__(self, "tokenizer_eos", tuple(eos))
 
   @property
   def is_synthetic(self) -> bool:
     return self.name == "synthetic"
+
+  @property
+  def is_generated(self) -> bool:
+    """Generated in memory (no dataset to build)."""
+    return self.name in ("synthetic", "arithmetic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +170,7 @@ class ModelSpec(_Spec):
   with some of its shapes changed; and the number format."""
   init_hf: str | None = None
   init_checkpoint: str | None = None
+  init_gguf: str | None = None
   preset: str = "tiny"
   hidden_size: int | None = None
   num_layers: int | None = None
@@ -157,11 +186,10 @@ class ModelSpec(_Spec):
 
   def __post_init__(self):
     c = self._view()
-    init_hf = cv.string(c, "init_hf", allow_none=True)
-    init_ckpt = cv.string(c, "init_checkpoint", allow_none=True)
-    if init_hf and init_ckpt:
-      raise ConfigError("config.init_hf and config.init_checkpoint are both set; expected at "
-                        "most one starting point")
+    starts = [field for field in STARTS if cv.string(c, field, allow_none=True)]
+    if len(starts) > 1:
+      raise ConfigError(f"config.{starts[0]} and config.{starts[1]} are both set; expected at "
+                        f"most one starting point of {', '.join(STARTS)}")
     cv.choice(c, "model.preset", model_config.PRESETS)
     for field in PRESET_OVERRIDES[:-1]:
       cv.integer(c, f"model.{field}", lo=1, allow_none=True)
@@ -173,7 +201,12 @@ class ModelSpec(_Spec):
   @property
   def pretrained(self) -> bool:
     """Whether the weights come from a file (else: a fresh preset)."""
-    return bool(self.init_hf or self.init_checkpoint)
+    return self.start is not None
+
+  @property
+  def start(self) -> str | None:
+    """The config field naming the starting weights ("init_hf", ...), None for a preset."""
+    return next((field for field in STARTS if getattr(self, field)), None)
 
   @property
   def preset_overrides(self) -> dict[str, Any]:
@@ -459,7 +492,8 @@ class TrainSpec:
     if not self.task.is_synthetic and not self.model.pretrained:
       raise ConfigError(f"config.init_hf is missing; task {self.task.name!r} trains a "
                         "pre-trained model: expected a Hugging Face Llama directory (or "
-                        "config.init_checkpoint, a ksjax.model checkpoint)")
+                        "config.init_checkpoint, a ksjax.model checkpoint, or config.init_gguf, "
+                        "a GGUF file)")
     self.estimator.check_with(self.sampling.n)
     scale, algorithm = self.estimator.scale, self.loss.algorithm
     if algorithm == "grpo" and scale != "group_std":

@@ -106,62 +106,78 @@ class MathTask(RecordTask):
     if len(prompts) != len(completions):
       raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
     answers = [[extract_answer(c) for c in group] for group in completions]  # [G][n]
-    keys = [[None if a is None else canonical(a) for a in group] for group in answers]
-    golds = [canonical(p.reference) for p in prompts]
+    return score_answers(self.checker, [p.reference for p in prompts], answers,
+                         reward_correct=self.reward_correct, reward_wrong=self.reward_wrong)
 
-    # 1. Each distinct (gold, answer) once, all groups in one batch.
-    gold_checks = {(g, k) for g, group in zip(golds, keys) for k in group if k is not None}
-    verdicts = self._check(gold_checks)
 
-    # 2. Classes of wrong answers, built by rounds of pairwise checks.
-    wrong_class: list[dict[str, int]] = []  # per group: answer key -> class index
-    pending: list[list[str]] = []  # per group: wrong answers still to place, in order
-    reps: list[list[str]] = []  # per group: representative of each comparable class
-    for g, group in enumerate(keys):
-      wrong_class.append({})
-      pending.append([])
-      reps.append([])
-      for k in dict.fromkeys(k for k in group if k is not None):
-        verdict = verdicts[(golds[g], k)]
-        if verdict in POISONED:
-          wrong_class[g][k] = len(wrong_class[g])  # its own class, never compared
-        elif verdict != Verdict.EQUAL:
-          pending[g].append(k)
-    while any(pending):
-      current = [p.pop(0) if p else None for p in pending]  # [G]: the answer placed this round
-      pair_verdicts = self._check({(r, k) for k, rs in zip(current, reps) if k is not None
-                                   for r in rs})
-      for g, k in enumerate(current):
-        if k is None:
-          continue
-        results = [(r, pair_verdicts[(r, k)]) for r in reps[g]]
-        match = next((r for r, v in results if v == Verdict.EQUAL), None)
-        # A pair that timed out or crashed takes both answers out of later comparisons, so that
-        # one hostile answer costs O(1) timeouts per group rather than one per other answer.
-        failed = {r for r, v in results if v in (Verdict.TIMEOUT, Verdict.CRASHED)}
-        reps[g] = [r for r in reps[g] if r not in failed]
-        if match is not None:
-          wrong_class[g][k] = wrong_class[g][match]
-        else:
-          wrong_class[g][k] = len(wrong_class[g])
-          if not failed:
-            reps[g].append(k)
+def score_answers(checker: AnswerChecker, golds: Sequence[str],
+                  answers: Sequence[Sequence[str | None]], *, reward_correct: float,
+                  reward_wrong: float) -> list[GroupScore]:
+  """Steps 2 and 3 of the module docstring for already extracted answers: `answers[g]` (n
+  answers, None where a completion states none) against `golds[g]`, for every group g.
 
-    scores = []
-    for g, group in enumerate(keys):
-      correct = np.array([k is not None and verdicts[(golds[g], k)] == Verdict.EQUAL
-                          for k in group], dtype=bool)  # [n]
-      class_keys = [("none",) if k is None else ("correct",) if ok else ("wrong", wrong_class[g][k])
-                    for k, ok in zip(group, correct)]
-      rewards = np.where(correct, self.reward_correct, self.reward_wrong).astype(np.float32)  # [n]
-      scores.append(GroupScore(rewards=rewards, correct=correct, answers=tuple(answers[g]),
-                               answer_ids=answer_classes(class_keys)))
-    return scores
+  Shared with the tasks that extract answers their own way (`ksjax.tasks.arithmetic`), so that
+  every math-verify scored task gets the same checks, rewards and answer classes.
+  """
+  if len(golds) != len(answers):
+    raise ValueError(f"{len(golds)} gold answers but {len(answers)} answer groups")
+  keys = [[None if a is None else canonical(a) for a in group] for group in answers]
+  golds = [canonical(g) for g in golds]
 
-  def _check(self, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], Verdict]:
-    """Verdicts of (reference, answer) pairs; identical texts are equal without a worker."""
-    pairs = sorted(pairs)
-    todo = [p for p in pairs if p[0] != p[1]]
-    verdicts = dict(zip(todo, self.checker.check(todo)))
-    verdicts.update({p: Verdict.EQUAL for p in pairs if p[0] == p[1]})
-    return verdicts
+  # 1. Each distinct (gold, answer) once, all groups in one batch.
+  gold_checks = {(g, k) for g, group in zip(golds, keys) for k in group if k is not None}
+  verdicts = _check(checker, gold_checks)
+
+  # 2. Classes of wrong answers, built by rounds of pairwise checks.
+  wrong_class: list[dict[str, int]] = []  # per group: answer key -> class index
+  pending: list[list[str]] = []  # per group: wrong answers still to place, in order
+  reps: list[list[str]] = []  # per group: representative of each comparable class
+  for g, group in enumerate(keys):
+    wrong_class.append({})
+    pending.append([])
+    reps.append([])
+    for k in dict.fromkeys(k for k in group if k is not None):
+      verdict = verdicts[(golds[g], k)]
+      if verdict in POISONED:
+        wrong_class[g][k] = len(wrong_class[g])  # its own class, never compared
+      elif verdict != Verdict.EQUAL:
+        pending[g].append(k)
+  while any(pending):
+    current = [p.pop(0) if p else None for p in pending]  # [G]: the answer placed this round
+    pair_verdicts = _check(checker, {(r, k) for k, rs in zip(current, reps) if k is not None
+                                     for r in rs})
+    for g, k in enumerate(current):
+      if k is None:
+        continue
+      results = [(r, pair_verdicts[(r, k)]) for r in reps[g]]
+      match = next((r for r, v in results if v == Verdict.EQUAL), None)
+      # A pair that timed out or crashed takes both answers out of later comparisons, so that
+      # one hostile answer costs O(1) timeouts per group rather than one per other answer.
+      failed = {r for r, v in results if v in (Verdict.TIMEOUT, Verdict.CRASHED)}
+      reps[g] = [r for r in reps[g] if r not in failed]
+      if match is not None:
+        wrong_class[g][k] = wrong_class[g][match]
+      else:
+        wrong_class[g][k] = len(wrong_class[g])
+        if not failed:
+          reps[g].append(k)
+
+  scores = []
+  for g, group in enumerate(keys):
+    correct = np.array([k is not None and verdicts[(golds[g], k)] == Verdict.EQUAL
+                        for k in group], dtype=bool)  # [n]
+    class_keys = [("none",) if k is None else ("correct",) if ok else ("wrong", wrong_class[g][k])
+                  for k, ok in zip(group, correct)]
+    rewards = np.where(correct, reward_correct, reward_wrong).astype(np.float32)  # [n]
+    scores.append(GroupScore(rewards=rewards, correct=correct, answers=tuple(answers[g]),
+                             answer_ids=answer_classes(class_keys)))
+  return scores
+
+
+def _check(checker: AnswerChecker, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], Verdict]:
+  """Verdicts of (reference, answer) pairs; identical texts are equal without a worker."""
+  pairs = sorted(pairs)
+  todo = [p for p in pairs if p[0] != p[1]]
+  verdicts = dict(zip(todo, checker.check(todo)))
+  verdicts.update({p: Verdict.EQUAL for p in pairs if p[0] == p[1]})
+  return verdicts

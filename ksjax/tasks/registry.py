@@ -1,8 +1,9 @@
 """Tasks by name: the one place that maps a config's task name to a `Task`.
 
-"synthetic" is generated in memory and brings its own character tokenizer. The others read a
-dataset built by `ksjax.tasks.data` (array_record files under `data_dir`) and tokenize with the
-model's tokenizer. Task modules are imported only when their task is asked for, so the
+"synthetic" is generated in memory and brings its own character tokenizer; "arithmetic" is
+generated in memory too, for the model's tokenizer and chat template. The others read a dataset
+built by `ksjax.tasks.data` (array_record files under `data_dir`) and tokenize with the model's
+tokenizer. Task modules are imported only when their task is asked for, so the
 embedded task does not start math-verify worker pools or load the sandbox.
 """
 
@@ -18,7 +19,9 @@ from ksjax.tokenization import Tokenizer
 
 MATH_TASKS = ("math", "math500", "harp")
 CODE_TASKS = ("code_contests", "taco")
-TASKS = ("synthetic",) + MATH_TASKS + CODE_TASKS
+# Generated in memory for an instruct model: its tokenizer and chat template come from the run.
+CHAT_TASKS = ("arithmetic",)
+TASKS = ("synthetic",) + CHAT_TASKS + MATH_TASKS + CODE_TASKS
 
 
 def make_task(name: str, *, tokenizer: Tokenizer | None = None,
@@ -29,18 +32,27 @@ def make_task(name: str, *, tokenizer: Tokenizer | None = None,
   Args:
     name: one of TASKS.
     tokenizer: the model's tokenizer; required except for "synthetic" (default: its own).
-    data_dir: where `ksjax.tasks.data.build` put the dataset; required except for "synthetic".
+    data_dir: where `ksjax.tasks.data.build` put the dataset; required except for "synthetic"
+      and "arithmetic" (generated tasks).
     splits: the splits to hold in memory for `Task.prompts` (default: every built split). Pass
       () when prompts come only from the data pipeline (`batch_iterator(load_records(...),
       transform=task.prompt_from_record)`), e.g. for CodeContests, whose tests are large.
-    **options: keyword arguments of the task class (`SyntheticTask`, `MathTask`, `CodeTask`),
-      e.g. rewards, worker counts, the synthetic task's seed and sizes.
+    **options: keyword arguments of the task class (`SyntheticTask`, `ArithmeticTask`, `MathTask`,
+      `CodeTask`), e.g. rewards, worker counts, the synthetic task's seed and sizes; for
+      "arithmetic": chat_template, seed, levels, train_per_level, test_per_level, reward_correct,
+      reward_wrong, workers, system_prompt.
   """
   if name not in TASKS:
-    raise ValueError(f"task {name!r} is not accepted; expected one of {', '.join(TASKS)}")
+    raise ValueError(f"task {name!r} is not accepted; expected one of "
+                     f"{', '.join(TASKS)}")
   if name == "synthetic":
     from ksjax.tasks.synthetic import SyntheticTask  # pylint: disable=g-import-not-at-top
     return SyntheticTask(tokenizer=tokenizer, **options)
+  if name == "arithmetic":
+    if tokenizer is None:
+      raise ValueError("task 'arithmetic' needs the model's tokenizer (and chat_template=)")
+    from ksjax.tasks.arithmetic import ArithmeticTask  # pylint: disable=g-import-not-at-top
+    return ArithmeticTask(tokenizer=tokenizer, **options)
   if tokenizer is None or data_dir is None:
     raise ValueError(f"task {name!r} needs the model's tokenizer and the data_dir of its built "
                      "dataset (see ksjax.tasks.data.build)")

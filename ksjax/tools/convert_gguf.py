@@ -32,14 +32,19 @@ from ksjax.model import checkpoint, config, gguf_io, hf_io, sharding
 
 FORMATS = ("orbax", "hf")
 
-_GGUF = flags.DEFINE_string("gguf", None, "GGUF file of a llama-architecture model.",
-                            required=True)
-_OUT = flags.DEFINE_string("out", None, "Directory to create.", required=True)
-_FORMAT = flags.DEFINE_enum("format", "orbax", list(FORMATS),
-                            "orbax: ksjax checkpoint + tokenizer/; hf: a Hugging Face directory.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", list(config.DTYPES), "Parameter dtype to store.")
-_MESH = flags.DEFINE_list("mesh", ["1", "-1", "1"],
-                          "(data, fsdp, tensor) mesh to load onto; -1 = remaining devices.")
+
+
+def _define_flags() -> None:
+  """The command line, defined only when this module is the program: `convert` is a library
+  function too, and absl refuses a flag name (--out, --mesh) that `convert_hf` also defines in
+  the same process."""
+  flags.DEFINE_string("gguf", None, "GGUF file of a llama-architecture model.", required=True)
+  flags.DEFINE_string("out", None, "Directory to create.", required=True)
+  flags.DEFINE_enum("format", "orbax", list(FORMATS),
+                    "orbax: ksjax checkpoint + tokenizer/; hf: a Hugging Face directory.")
+  flags.DEFINE_enum("dtype", "float32", list(config.DTYPES), "Parameter dtype to store.")
+  flags.DEFINE_list("mesh", ["1", "-1", "1"],
+                    "(data, fsdp, tensor) mesh to load onto; -1 = remaining devices.")
 
 
 def _write_tokenizer(tok: gguf_io.GGUFTokenizer, directory: str, template_file: bool) -> None:
@@ -90,13 +95,15 @@ def convert(gguf_path: str, out: str, fmt: str = "orbax", dtype: str = "float32"
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  f = flags.FLAGS
   try:
-    convert(_GGUF.value, _OUT.value, _FORMAT.value, _DTYPE.value, _MESH.value)
+    convert(f.gguf, f.out, f.format, f.dtype, f.mesh)
   except (ConfigError, checkpoint.CheckpointError, FileExistsError) as e:
     print(f"convert_gguf: {e}", file=sys.stderr)
     sys.exit(2)
-  print(f"convert_gguf: wrote {_OUT.value}")
+  print(f"convert_gguf: wrote {f.out}")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.support import chat as support_chat
 from tests.support import dataset_files
 from ksjax.tasks import data, registry, synthetic
 from ksjax.tasks.base import DataError, GroupScore, Task
@@ -50,6 +51,11 @@ def test_every_task_offers_what_the_trainer_uses(tmp_path, name):
   if name == "synthetic":
     split, options = "test", {"train_per_level": 2, "test_per_level": 2}
     records = list(synthetic.SyntheticTask(**options).records(split))
+  elif name in registry.CHAT_TASKS:  # generated in memory: prompts come from its splits alone
+    split, records = "test", None
+    options = {"tokenizer": support_chat.make_tokenizer(bos=None),
+               "chat_template": support_chat.CHATML, "train_per_level": 2, "test_per_level": 2,
+               "workers": 1}
   else:
     split = sorted(dataset_files.WRITERS[name](tmp_path / "manual"))[0]
     data.build(name, data_dir=tmp_path / "out", manual_dir=tmp_path / "manual")
@@ -59,7 +65,9 @@ def test_every_task_offers_what_the_trainer_uses(tmp_path, name):
   with registry.make_task(name, **options) as task:
     assert isinstance(task, Task) and task.name == name
     prompts = {p.id: p for p in task.prompts(split)}
-    assert [task.prompt_from_record(r) for r in records] == [prompts[r["id"]] for r in records]
+    if records is not None:
+      assert ([task.prompt_from_record(r) for r in records]
+              == [prompts[r["id"]] for r in records])
     assert all(p.tokens == tuple(task.tokenizer.encode(p.text)) for p in prompts.values())
     solved = [p for p in prompts.values() if task.reference_solutions(p)][:2]
     assert solved
@@ -67,7 +75,7 @@ def test_every_task_offers_what_the_trainer_uses(tmp_path, name):
     assert all(isinstance(s, GroupScore) and s.correct.tolist() == [True, False]
                and s.rewards.tolist() == [1.0, -1.0] for s in scores)
     assert {p.metadata.get("level") for p in prompts.values()} <= set(task.levels()) | {None}
-    if name in registry.MATH_TASKS:
+    if name in registry.MATH_TASKS + registry.CHAT_TASKS:
       task.checker.start()  # the answers above equal the gold as text: no worker was needed
     assert workers_running(task) is (name != "synthetic")
   assert not workers_running(task)
