@@ -42,7 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.arithmetic.seed = 0  # fixes the train and test problems (independent of the run's seed)
   c.arithmetic.levels = (1, 2, 3, 4)
   c.arithmetic.train_per_level = 500
-  c.arithmetic.test_per_level = 50
+  c.arithmetic.test_per_level = 40
   c.data = ml_collections.ConfigDict()  # dataset tasks: built by `python -m ksjax.tasks.data`
   c.data.data_dir = config_dict.placeholder(str)
   c.data.train_split = "train"
@@ -205,7 +205,8 @@ def smollm2_config() -> ml_collections.ConfigDict:
   problems, on a CPU: `configs/smollm2_pass_at_k.py` and its mean-objective twin.
 
   Sizes chosen for two CPU cores (<= 45 minutes, <= 12 GiB) before any held-out result was seen:
-  8 prompts x 4 completions per step, completions of at most 64 tokens, a held-out evaluation of
+  8 prompts x 4 completions per step, completions of at most 80 tokens (the calibration's budget,
+  `benchmarks/calibrate_arithmetic.py`, on training problems only), a held-out evaluation of
   64 samples on each of 8 test problems per level (pass@1/4/16/64 and maj@k) at the start and the
   end. The learning rate is the small end of what RL fine-tuning of instruct models uses (1e-6 to
   1e-5 with AdamW); no KL penalty, so the logged KL shows how far it moved.
@@ -220,7 +221,7 @@ def smollm2_config() -> ml_collections.ConfigDict:
   c.reward_workers = 1
   c.batch_prompts = 8
   c.k = 4
-  c.max_new_tokens = 64
+  c.max_new_tokens = 80
   c.learning_rate = 1e-5
   c.lr_warmup_steps = 2
   c.weight_decay = 0.0

@@ -102,7 +102,7 @@ class TaskSpec(_Spec):
   arithmetic_seed: int = 0           # the word-problem task's problems
   arithmetic_levels: tuple[int, ...] = (1, 2, 3, 4)
   arithmetic_train_per_level: int = 500
-  arithmetic_test_per_level: int = 50
+  arithmetic_test_per_level: int = 40
   system_prompt: str | None = None   # chat tasks: the system message, if any
 
   CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",

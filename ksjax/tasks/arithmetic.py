@@ -2,12 +2,13 @@
 
 The synthetic task (`ksjax.tasks.synthetic`) is made for tiny character models trained from
 scratch. This one is made for small pretrained instruct models (SmolLM2-135M-Instruct, Llama 3.2
-1B Instruct): plain-English questions in the model's own chat template, integer answers (1 to
-68), and a model that guesses names many of them, so wrong answers spread over many classes and
-majority voting is a real choice.
+1B Instruct): plain-English questions in the model's own chat template with integer answers
+from 1 to 144, so a guessing model's wrong answers spread over many classes and majority voting
+is a real choice.
 
   level 1: "What is 7 + 8?", "What is 4 times 3?" (sums of digits 1-9, products of digits 2-5)
-  level 2: "What is 37 + 7?" (a two-digit number, 10-59, plus a digit, 2-9)
+  level 2: "What is 8 times 7?", "Multiply 11 by 6." (the times tables up to 12 x 12 beyond
+           level 1's: a factor of 6-12)
   level 3: "Tom has 12 apples. He buys 7 more. How many apples does he have now?" (one step of
            adding or taking away a digit 2-9, from a start of 3-15)
   level 4: "Mia has 5 cookies. She gives away 3 and then finds 9 more. How many cookies does she
@@ -16,9 +17,19 @@ majority voting is a real choice.
 Calibration. The aim is a start of RL where pass@1 per level spans about 0.02-0.4 and pass@16
 about 0.3-0.95, the regime in which training for pass@k and for the mean differ. Measured on
 SmolLM2-135M-Instruct (`benchmarks/calibrate_arithmetic.py`: 16 training problems per level x 16
-samples, temperature 1, 80 new tokens at most), first with harder levels, then with these:
+samples, temperature 1, at most 80 new tokens; pass@k unbiased from the 16 samples):
 
-CALIBRATION_TABLE
+  levels                                                pass@1 by level 1..4    pass@16 by level
+  first: sums and products of digits 2-9; 10-99 + 10-99;  0.19 0.04 0.02 0.03    0.94 0.25 0.19 0.25
+         stories of 2 and 3 steps of 2-15 from 5-30
+  then:  level 2 a two-digit number 10-59 plus a digit;   0.23 0.02 0.09 0.04    0.94 0.13 0.69 0.38
+         stories of 1 and 2 steps of 2-9 from 3-15
+  final: level 2 the times tables (as below)              0.23 0.20 0.08 0.04    0.81 0.88 0.63 0.38
+
+Two-digit sums are beyond this model (it answers "41 + 5" with 96): two and three steps of them
+sat at the guessing floor, where level 4 was no harder than level 3. The model knows some of the
+times tables by heart, so products of up to 12 x 12 take level 2's place. Each figure rests on
+16 problems; differences below about 0.05 in pass@1 are noise.
 
 Prompts. The user message is the question and a short instruction ("Give the final answer as a
 number."), optionally after a system prompt, rendered with the model's chat template
@@ -68,8 +79,8 @@ DEFAULT_INSTRUCTION = "Give the final answer as a number."
 # Operand ranges per level (inclusive), set by the calibration (module docstring).
 SINGLE_DIGIT_SUM = (1, 9)  # level 1
 SMALL_PRODUCT = (2, 5)  # level 1
-TWO_DIGIT = (10, 59)  # level 2, plus a single digit
-SINGLE_DIGIT = (2, 9)  # level 2's second term, the story steps
+TIMES_TABLE = (2, 12)  # level 2: products up to 12 x 12 but not both factors SMALL_PRODUCT
+SINGLE_DIGIT = (2, 9)  # the story steps
 STORY_START = (3, 15)  # levels 3 and 4
 STORY_STEPS = {3: 1, 4: 2}
 
@@ -142,24 +153,26 @@ def _between(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
 
 
 def _two_operands(rng: np.random.Generator, level: int, op: str, bounds: tuple[int, int],
-                  other_bounds: tuple[int, int], phrases: Sequence[str]) -> Problem:
-  a, b = _between(rng, bounds), _between(rng, other_bounds)
-  if rng.integers(2):
-    a, b = b, a
+                  phrases: Sequence[str]) -> Problem:
+  a, b = _between(rng, bounds), _between(rng, bounds)
   result = a + b if op == "+" else a * b
   return Problem(level=level, question=_pick(rng, phrases).format(a, b),
                  steps=(Step(a, op, b, result),), key=(level, op, min(a, b), max(a, b)))
 
 
 def _level1(rng: np.random.Generator) -> Problem:
-  """Sums of single digits and products of small ones: 45 + 10 problems up to wording."""
+  """Sums of digits 1-9 and products of digits 2-5: 45 + 10 problems up to wording."""
   if rng.integers(5) == 0:
-    return _two_operands(rng, 1, "*", SMALL_PRODUCT, SMALL_PRODUCT, _PRODUCT_PHRASES)
-  return _two_operands(rng, 1, "+", SINGLE_DIGIT_SUM, SINGLE_DIGIT_SUM, _SUM_PHRASES)
+    return _two_operands(rng, 1, "*", SMALL_PRODUCT, _PRODUCT_PHRASES)
+  return _two_operands(rng, 1, "+", SINGLE_DIGIT_SUM, _SUM_PHRASES)
 
 
 def _level2(rng: np.random.Generator) -> Problem:
-  return _two_operands(rng, 2, "+", TWO_DIGIT, SINGLE_DIGIT, _SUM_PHRASES)
+  """The times tables beyond level 1's: 66 - 10 = 56 problems up to wording."""
+  while True:  # ends: 56 of the 66 factor pairs qualify
+    problem = _two_operands(rng, 2, "*", TIMES_TABLE, _PRODUCT_PHRASES)
+    if problem.key[-1] > SMALL_PRODUCT[1]:
+      return problem
 
 
 def _story(rng: np.random.Generator, level: int, num_steps: int) -> Problem:

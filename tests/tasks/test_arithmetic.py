@@ -58,7 +58,7 @@ def parse(question: str) -> tuple[int, tuple]:
     return total, (len(amounts) + 2, start, *ops)
   a, b = numbers
   product = "times" in question or "*" in question or "Multiply" in question
-  level = 2 if max(a, b) >= 10 else 1
+  level = 2 if product and max(a, b) >= 6 else 1
   return (a * b if product else a + b), (level, "*" if product else "+", min(a, b), max(a, b))
 
 
@@ -81,9 +81,9 @@ def test_levels_sizes_and_ranges(task):
         assert len(numbers) == 2 and all(1 <= n <= 9 for n in numbers), problem.question
         assert "+" in problem.question or "plus" in problem.question or "Add" in problem.question \
             or max(numbers) <= 5, problem.question  # products of 2-5
-      elif problem.level == 2:
-        assert sorted(n >= 10 for n in numbers) == [False, True], problem.question
-        assert all(2 <= n <= 59 for n in numbers), problem.question
+      elif problem.level == 2:  # times tables up to 12, not both factors of level 1's 2-5
+        assert len(numbers) == 2 and all(2 <= n <= 12 for n in numbers), problem.question
+        assert max(numbers) >= 6 and "+" not in problem.question, problem.question
       else:
         assert len(numbers) == problem.level - 1, problem.question  # start + level - 2 steps
         assert all(n <= 15 for n in numbers), problem.question
@@ -119,8 +119,9 @@ def test_splits_are_disjoint_even_reworded(task):
   assert len(set(test_keys)) == len(test_keys) and not train_keys & set(test_keys)
 
 
-def test_level_one_capacity(task, tokenizer):
-  """55 problems up to wording (45 sums of 1-9, 10 products of 2-5): all can go to test."""
+def test_level_capacity(task, tokenizer):
+  """55 problems up to wording (45 sums of 1-9, 10 products of 2-5): all can go to test.
+  Level 2 has the other 56 products of factors 2-12."""
   full = arithmetic.generate_split_problems(seed=0, train_per_level=500, test_per_level=55,
                                             levels=(1,))
   assert len({p.key for p in full["test"]}) == 55 and full["train"] == []
@@ -129,6 +130,9 @@ def test_level_one_capacity(task, tokenizer):
   assert 25 * 2 < len(some["train"]) < 500  # the rewordings of the 25 keys left
   with pytest.raises(ValueError, match="level 1 has only 55 distinct problems"):
     arithmetic.generate_split_problems(seed=0, train_per_level=1, test_per_level=56, levels=(1,))
+  level2 = arithmetic.generate_split_problems(seed=0, train_per_level=0, test_per_level=56,
+                                              levels=(2,))["test"]
+  assert len({parse(p.question)[1] for p in level2}) == 56
   with pytest.raises(ValueError, match="level 5 is not accepted"):
     ArithmeticTask(tokenizer=tokenizer, chat_template=CHATML, levels=(5,), checker=task.checker)
 
