@@ -8,15 +8,12 @@ import time
 import hypothesis
 import numpy as np
 import pytest
-import tokenizers
 from hypothesis import strategies as st
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ksjax.tasks import arithmetic, registry
 from ksjax.tasks.arithmetic import ArithmeticTask, extract_answer
 from ksjax.tasks.chat import ChatTemplate
-from ksjax.tokenization import Tokenizer
-from tests.support.chat import CHATML, LLAMA3, SPECIALS, make_tokenizer  # pylint: disable=unused-import
+from tests.support.chat import CHATML, LLAMA3, make_tokenizer
 
 SIZES = {"train_per_level": 60, "test_per_level": 30}
 TIMEOUT_S = 2.0

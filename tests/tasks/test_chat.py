@@ -14,25 +14,14 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ksjax.tasks.chat import ChatTemplate
 from ksjax.tokenization import Tokenizer
+from tests.support.chat import CHATML, LLAMA3
 
 transformers = pytest.importorskip("transformers")
 
-# Meta-Llama-3-8B-Instruct's template.
-LLAMA3 = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
-    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+# Meta-Llama-3-8B-Instruct's template (LLAMA3) and SmolLM2-135M-Instruct's, ChatML with a
+# default system message (CHATML): tests.support.chat, shared with the arithmetic task's tests.
 LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                    "<|end_header_id|>", "<|eot_id|>")
-# SmolLM2-135M-Instruct's template (ChatML with a default system message).
-CHATML = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}")
 CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Every extra transformers installs: loopcontrols, namespace, tojson with arguments,
 # strftime_now, raise_exception and the generation block, with trim_blocks/lstrip_blocks
