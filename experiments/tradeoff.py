@@ -606,7 +606,6 @@ def figures(study, data: Mapping[str, Any]) -> list[str]:
 
 def report(study, argv_command: str) -> None:
   """Phase 4: table.md, summary.json, the figures and README.md in `study.out`."""
-  from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
   data = collect(study)
   table_text = table(study, data)
   found = [c for algorithm in study.algorithms
