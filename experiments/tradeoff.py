@@ -364,10 +364,12 @@ def run_workers(study, argv: Sequence[str]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def kl_at(metrics_rows: Sequence[Mapping[str, float]], step: int, window: int) -> float:
-  """Mean logged KL (k3) over the `window` steps up to `step` (0 at step 0)."""
+  """Mean logged KL (k3) over the `window` steps up to `step` (0 at step 0); steps that did not
+  log it (config.kl_every > 1) are left out."""
   if step == 0:
     return 0.0
-  values = [r["kl/k3"] for r in metrics_rows if step - window < r["step"] <= step]
+  values = [r["kl/k3"] for r in metrics_rows
+            if step - window < r["step"] <= step and "kl/k3" in r]
   return float(np.mean(values)) if values else float("nan")
 
 

@@ -292,6 +292,8 @@ class LossSpec(_Spec):
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
   sparse_updates: bool = True        # drop zero-advantage completions when no term reads them
+  sparse_min_rows: int = 8           # the smallest bucket of kept rows (`trainer.sparse`)
+  kl_every: int = 1                  # steps between the KL-to-reference metrics (no KL penalty)
 
   CONFIG = {"aggregation": "loss_aggregation"}
 
@@ -310,10 +312,21 @@ class LossSpec(_Spec):
     cv.real(c, "kl_coef", lo=0.0)
     cv.choice(c, "kl_estimator", KL_ESTIMATORS)
     cv.boolean(c, "sparse_updates")
+    cv.integer(c, "sparse_min_rows", lo=1)
+    kl_every = cv.integer(c, "kl_every", lo=1)
+    if self.kl_coef > 0 and kl_every != 1:
+      raise ConfigError(f"config.kl_every={kl_every} is not accepted with config.kl_coef="
+                        f"{self.kl_coef}: the KL penalty needs the reference policy's log-probs "
+                        "every step; expected kl_every=1, or kl_coef=0")
     if self.algorithm == "pg" and (epochs > 1 or minibatches > 1) and self.is_cap is None:
       raise ConfigError("config.ppo_epochs or config.num_minibatches > 1 with algorithm='pg' "
                         "makes later optimizer steps off-policy; expected an importance-weight "
                         "cap config.is_cap (e.g. 2.0), or ppo_epochs = num_minibatches = 1")
+
+  def reference_at(self, step: int, last_step: int) -> bool:
+    """Whether step `step` (1-based) runs the reference forward: every step with a KL penalty,
+    else every `kl_every` steps, the first and the last (for the logged KL)."""
+    return self.kl_coef > 0 or step == 1 or step % self.kl_every == 0 or step == last_step
 
   @property
   def clipped(self) -> bool:

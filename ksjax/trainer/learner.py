@@ -98,7 +98,7 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
       if use_sparse:
-        selection = sparse.select_rows(advantage_r[minibatch], shards)
+        selection = sparse.select_rows(advantage_r[minibatch], shards, cfg.sparse_min_rows)
         local, padding = selection.rows, selection.padding
         kept_rows += selection.kept
       else:

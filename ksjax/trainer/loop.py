@@ -121,6 +121,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
        f"(k={e.k}), sparse updates {'on' if spec.loss.use_sparse else 'off'}")
   writer = metrics.MetricsWriter(run_dir, resume_step=step if resumed else None)
   bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
+  compiles = metrics.CompileCounter()
   try:
     while step < spec.run.num_steps:
       timer = Timer()
@@ -133,8 +134,10 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                               mesh=mesh, sampled=lambda: timer.lap("time/sampling"))
       timer.lap("time/reward")
       advantage_bn = e.advantages(batch.rewards_bn, batch.answer_ids_bn)
-      ref_logp_rt = learner.forward_rows(updater, ref_params, batch, np.arange(s.rows),
-                                         spec.loss.micro_batch_size)["logp"]
+      ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
+      if spec.loss.reference_at(step + 1, spec.run.num_steps):
+        ref_logp_rt = learner.forward_rows(updater, ref_params, batch, np.arange(s.rows),
+                                           spec.loss.micro_batch_size)["logp"]
       timer.lap("time/reference")
       state, update_metrics = learner.learn(updater, state, batch, advantage_bn.reshape(-1),
                                             np.asarray(order_key), ref_logp_rt)
@@ -144,6 +147,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       scalars = _step_scalars(spec, batch, advantage_bn, ref_logp_rt, update_metrics, timer)
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
+      scalars.update(compiles.take())
       if step % spec.run.log_every == 0 or step == spec.run.num_steps:
         writer.write(step, scalars)
       bar.update(scalars)
@@ -213,7 +217,7 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
 
 
 def _step_scalars(spec: TrainSpec, batch: rollout.Rollout, advantage_bn: np.ndarray,
-                  ref_logp_rt: np.ndarray, update_metrics: dict[str, float],
+                  ref_logp_rt: np.ndarray | None, update_metrics: dict[str, float],
                   timer: Timer) -> dict[str, float]:
   """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed."""
   scalars = {**rollout.batch_metrics(batch, spec.estimator.k), **update_metrics,
@@ -230,18 +234,21 @@ def _step_scalars(spec: TrainSpec, batch: rollout.Rollout, advantage_bn: np.ndar
   return scalars
 
 
-def _kl_metrics(batch: rollout.Rollout, ref_logp_rt: np.ndarray) -> dict[str, float]:
+def _kl_metrics(batch: rollout.Rollout, ref_logp_rt: np.ndarray | None) -> dict[str, float]:
   """KL(pi, pi_ref) of the sampling policy, per completion (summed over its tokens) and averaged
   over completions, from the sampled tokens: k1 and k3 estimators with the sampler's log-probs as
   log pi (the learner's own before this step's update; with top-p/top-k, of the truncated
-  distribution that sampled); and the per-token entropy estimate -mean log pi(y_t)."""
+  distribution that sampled), on the steps that ran the reference (`LossSpec.reference_at`);
+  and, every step, the per-token entropy estimate -mean log pi(y_t)."""
   mask_rt = batch.completion_mask_rt
   logp_rt = batch.behaviour_logp_rt
+  entropy = {"entropy/per_token": float(-logp_rt[mask_rt].mean()) if mask_rt.any() else 0.0}
+  if ref_logp_rt is None:
+    return entropy
   log_ratio_rt = np.where(mask_rt, ref_logp_rt - logp_rt, 0.0)
   k1_r = (-log_ratio_rt).sum(1)
   k3_r = np.where(mask_rt, np.expm1(log_ratio_rt) - log_ratio_rt, 0.0).sum(1)
-  return {"kl/k1": float(k1_r.mean()), "kl/k3": float(k3_r.mean()),
-          "entropy/per_token": float(-logp_rt[mask_rt].mean()) if mask_rt.any() else 0.0}
+  return {"kl/k1": float(k1_r.mean()), "kl/k3": float(k3_r.mean()), **entropy}
 
 
 def _final_eval(spec: TrainSpec, final, task, mesh, run_dir: RunDirectory) -> None:

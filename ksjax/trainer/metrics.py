@@ -7,6 +7,10 @@ killed and resumed has each step once. Only JAX process 0 writes.
 
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
+
+`CompileCounter` counts XLA compilations and their seconds (JAX's own monitoring events), so that
+each step logs `compile/count` and `compile/seconds`: a run whose shapes are bucketed well compiles
+in its first steps only, and a step that compiles again shows it.
 """
 
 from __future__ import annotations
@@ -16,12 +20,51 @@ import math
 import os
 from collections.abc import Mapping
 
+import threading
+
 import jax
+import jax.monitoring
 import tqdm
 from tensorboardX import SummaryWriter
 
 from ksjax import files
 from ksjax.run.directory import RunDirectory
+
+
+# JAX records this event once per XLA compilation, with its seconds (jax/_src/dispatch.py).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+  """Counts XLA compilations in this process from the moment it is made (JAX's listeners cannot be
+  removed one by one, so the listener is registered once per process and feeds every counter)."""
+
+  _lock = threading.Lock()
+  _count = 0
+  _seconds = 0.0
+  _registered = False
+
+  def __init__(self):
+    with CompileCounter._lock:
+      if not CompileCounter._registered:
+        jax.monitoring.register_event_duration_secs_listener(CompileCounter._record)
+        CompileCounter._registered = True
+      self._base = (CompileCounter._count, CompileCounter._seconds)
+
+  @staticmethod
+  def _record(event: str, seconds: float, **_) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+      with CompileCounter._lock:
+        CompileCounter._count += 1
+        CompileCounter._seconds += seconds
+
+  def take(self) -> dict[str, float]:
+    """Compilations and their seconds since the last `take` (or since construction)."""
+    with CompileCounter._lock:
+      now = (CompileCounter._count, CompileCounter._seconds)
+    count, seconds = now[0] - self._base[0], now[1] - self._base[1]
+    self._base = now
+    return {"compile/count": float(count), "compile/seconds": seconds}
 
 
 def _is_writer() -> bool:

@@ -98,6 +98,19 @@ def test_sparse_updates_are_decided_in_one_place():
   assert not spec_lib.LossSpec(sparse_updates=False).use_sparse
 
 
+def test_the_reference_forward_runs_when_the_loss_or_the_kl_metrics_need_it():
+  every = spec_lib.LossSpec()
+  assert all(every.reference_at(step, 10) for step in range(1, 11))
+  sparse_kl = spec_lib.LossSpec(kl_every=4)
+  assert [s for s in range(1, 11) if sparse_kl.reference_at(s, 10)] == [1, 4, 8, 10]
+  penalty = spec_lib.LossSpec(kl_coef=0.1, sparse_updates=False)
+  assert all(penalty.reference_at(step, 10) for step in range(1, 11))
+  with pytest.raises(ConfigError, match="config.kl_every=4 is not accepted with config.kl_coef"):
+    spec_lib.LossSpec(kl_coef=0.1, kl_every=4)
+  with pytest.raises(ConfigError, match="config.sparse_min_rows"):
+    spec_lib.LossSpec(sparse_min_rows=0)
+
+
 def test_the_optimizer_spec_builds_the_schedule_it_describes():
   spec = spec_lib.OptimizerSpec(learning_rate=0.5, lr_warmup_steps=4)
   schedule = spec.schedule()

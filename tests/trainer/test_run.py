@@ -114,6 +114,16 @@ def _tiny_config(workdir, **overrides):
   return config
 
 
+def test_the_kl_metrics_follow_kl_every_and_compilations_are_counted(tmp_path):
+  workdir = tmp_path / "run"
+  loop.run(_tiny_config(workdir, num_steps=4, kl_every=3))
+  lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)
+  assert [("kl/k3" in line) for line in lines] == [True, False, True, True]  # first, 3rd, last
+  assert all("entropy/per_token" in line for line in lines)
+  assert lines[0]["compile/count"] > 0 and lines[0]["compile/seconds"] > 0
+  assert lines[-1]["compile/count"] == 0  # one update shape (TINY): nothing compiles again
+
+
 def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_path, capsys):
   workdir = tmp_path / "run"
   config = _tiny_config(workdir, num_steps=3, sparse_updates=True, **{

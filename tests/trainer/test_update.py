@@ -158,6 +158,11 @@ def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
   assert selection.kept == 3 and list(selection.rows[:3]) == [3, 50, 77]
   assert len(selection.rows) == 8 and selection.padding.tolist() == [False] * 3 + [True] * 5
   assert {sparse.bucket_rows(kept, 128, 2) for kept in range(129)} == {8, 16, 32, 64, 128}
+  # config.sparse_min_rows=1 (a model whose rows cost more than a compilation): from the shards up.
+  assert {sparse.bucket_rows(kept, 128, 2, 1) for kept in range(129)} == {2, 4, 8, 16, 32, 64,
+                                                                           128}
+  small = sparse.select_rows(adv, multiple=2, min_rows=1)
+  assert list(small.rows) == [3, 50, 77, 0] and small.padding.tolist() == [False] * 3 + [True]
   dense = sparse.select_rows(np.ones(128), multiple=2)
   assert dense.rows.tolist() == list(range(128)) and not dense.padding.any()
   assert spec_lib.LossSpec(algorithm="ppo").needs_every_row
