@@ -126,22 +126,88 @@ def _range(lo, hi, lo_open=False, hi_open=False) -> str:
 
 
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
-  """An absl `flags_parser` for binaries taking `--config.field=value` overrides.
+  """An absl `flags_parser` for binaries taking `--config=<file>` and `--config.field=value`.
 
-  ml_collections applies overrides while absl parses the command line, so a misspelled field or a
-  value of the wrong type surfaces there, as a traceback. This turns it into the one line and exit
-  status 2 that every other bad config value gets.
+  ml_collections loads the config file and applies overrides while absl parses the command line,
+  so a config file that is missing or not valid Python, a misspelled field or a value of the wrong
+  type surfaces there, as a traceback (a missing file only later, when the config is first read).
+  This turns each into the one line and exit status 2 that every other bad input gets.
   """
   # Imported here: absl is only needed by binaries, not by library users of this module.
   import sys  # pylint: disable=g-import-not-at-top
 
   from absl import flags  # pylint: disable=g-import-not-at-top
+
+  def refuse(what: str) -> None:
+    print(f"ksjax: {what}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    rest = flags.FLAGS(argv)
+  except SyntaxError as e:  # raised by the config file's own code, which ml_collections executes
+    refuse(f"config file {e.filename!r} is not valid Python (line {e.lineno}: {e.msg}); expected "
+           "a Python file whose get_config() returns the config")
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+    problem = config_file_problem(flags.FLAGS, argv, e)
+    if problem:
+      refuse(problem)
+    if isinstance(e, OSError):
+      raise
     lines = str(e).strip().strip('"').splitlines() or [type(e).__name__]
     what = (f"config has no field {lines[-1]}" if isinstance(e, (AttributeError, KeyError))
             else lines[-1])
-    print(f"ksjax: bad command-line flag or config override: {what}; expected a field of the "
-          f"config file with a value of its type", file=sys.stderr)
-    sys.exit(2)
+    refuse(f"bad command-line flag or config override: {what}; expected a field of the config "
+           "file with a value of its type")
+  problem = config_file_problem(flags.FLAGS, argv)
+  if problem:
+    refuse(problem)
+  return rest
+
+
+def config_file_problem(flag_values: Any, argv: list[str],
+                        error: BaseException | None = None) -> str | None:
+  """One line for a config-file flag whose file could not be loaded, or None.
+
+  ml_collections keeps a failed load as a placeholder object that raises OSError when first used
+  (holding the load's error as `_error`), and when `--config.field=value` overrides are given,
+  that OSError (`error`) ends the parse before the flag holds any value; so the file is also
+  looked for on the command line.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  for name in flag_values:
+    flag = flag_values[name]
+    try:
+      config_flags.get_config_filename(flag)
+    except TypeError:  # not a config flag
+      continue
+    except Exception:  # pylint: disable=broad-except
+      pass  # a config flag that holds no value yet (its parse failed)
+    try:
+      load_error = vars(flag.value).get("_error") if flag.present else None
+    except TypeError:  # a value without __dict__: not the placeholder
+      load_error = None
+    if not isinstance(load_error, OSError):
+      load_error = error if isinstance(error, OSError) else None
+    if load_error is None:
+      continue
+    given = [a.split("=", 1)[1] if "=" in a else b for a, b in zip(argv[1:], argv[2:] + [""])
+             if a.startswith((f"--{name}=", f"-{name}=")) or a in (f"--{name}", f"-{name}")]
+    path = (given[-1] if given else "").split(":", 1)[0]
+    expected = "expected the path of an ml_collections config file (ksjax's are in configs/)"
+    if not path:
+      return f"--{name} names no config file; {expected}"
+    if not os.path.exists(path):
+      return f"config file {path!r} (--{name}) does not exist; {expected}"
+    while load_error.__cause__ is not None:  # the load's own error, not the placeholder's
+      load_error = load_error.__cause__
+    return (f"config file {path!r} (--{name}) cannot be loaded "
+            f"({one_line_of(load_error)}); {expected}")
+  return None
+
+
+def one_line_of(error: BaseException) -> str:
+  """The last non-empty line of an error's message (ml_collections' carry a listing first)."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1] if lines else type(error).__name__

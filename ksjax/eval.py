@@ -6,8 +6,9 @@ Evaluates a training run's checkpoints (one step, the latest, all, or each of th
 their average; or, with --config.watch=True, each new one as it lands) in a process of its own,
 possibly on another machine than the trainer. Every field: configs/eval.py. Bad input (a config
 field, a missing directory, a directory without checkpoints, a checkpoint of another model shape,
-k larger than the samples per problem) prints one line naming what was wrong and what is
-accepted, exits with status 2, and writes nothing.
+k larger than the samples per problem, a checkpoint that fails its checksums) prints one line
+naming what was wrong and what is accepted, exits with status 2, and writes nothing
+(`ksjax.errors`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from ksjax import config_validation
-from ksjax.config_validation import ConfigError
+from ksjax import config_validation, errors
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to an evaluation config (configs/eval.py).", lock_config=True)
@@ -40,13 +40,8 @@ def main(argv):
     sys.exit(2)
   # Imported here so that --help and a missing --config answer without loading jax.
   from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
-  from ksjax.run import checkpoints  # pylint: disable=g-import-not-at-top
-  try:
-    runner.run(config)
-  except (ConfigError, checkpoints.CheckpointInputError) as e:
-    print(f"ksjax.eval: {e}", file=sys.stderr)
-    sys.exit(2)
+  runner.run(config)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_validation.parse_flags_or_exit)
+  app.run(errors.boundary("ksjax.eval", main), flags_parser=config_validation.parse_flags_or_exit)

@@ -1,8 +1,9 @@
 """The ksjax entry point: `python -m ksjax.main --config=configs/<file>.py [--config.field=value ...]`.
 
 The config's `task` field chooses what runs. Every field can be overridden on the command line
-(ml_collections config flags). A config that fails validation prints one line naming the field and
-what it accepts, exits with status 2, and writes nothing.
+(ml_collections config flags). Bad input (a config file that is missing or not valid Python, a
+config value, a data set, a model to start from, an unreadable checkpoint) prints one line naming
+it and what is accepted, exits with status 2, and writes nothing (`ksjax.errors`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from absl import app
 from ml_collections import config_flags
 
-from ksjax import config_validation
+from ksjax import config_validation, errors
 from ksjax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -44,13 +45,8 @@ def main(argv):
   if config is None:
     print("ksjax: --config is required (e.g. --config=configs/bandit.py)", file=sys.stderr)
     sys.exit(2)
-  try:
-    run = runner_for(config.get("task", None))
-    run(config)
-  except ConfigError as e:
-    print(f"ksjax: bad config: {e}", file=sys.stderr)
-    sys.exit(2)
+  runner_for(config.get("task", None))(config)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_validation.parse_flags_or_exit)
+  app.run(errors.boundary("ksjax", main), flags_parser=config_validation.parse_flags_or_exit)

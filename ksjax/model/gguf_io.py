@@ -99,8 +99,12 @@ def open_gguf(path: str) -> gguf.GGUFReader:
   """
   if not os.path.isfile(path):
     raise GGUFError(f"{path}: no such file; expected a GGUF file")
-  with open(path, "rb") as fp:
-    magic = fp.read(4)
+  try:
+    with open(path, "rb") as fp:
+      magic = fp.read(4)
+  except OSError as e:  # e.g. no permission to read it
+    raise GGUFError(f"{path}: cannot be read ({e.strerror or e}); expected a readable GGUF "
+                    "file") from None
   if magic != b"GGUF":
     raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}; a GGUF starts with b'GGUF')")
   try:

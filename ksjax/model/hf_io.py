@@ -13,6 +13,7 @@ a permutation of rows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,10 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ksjax.config_validation import ConfigError
 from ksjax.model import sharding
 from ksjax.model.checkpoint import CheckpointError
 from ksjax.model.config import LlamaConfig, from_hf_config, to_hf_config
@@ -91,15 +91,41 @@ def tensor_maps(cfg: LlamaConfig) -> list[TensorMap]:
 # Reading
 # ---------------------------------------------------------------------------------------------
 
+def _read_json(path: str, what: str) -> dict[str, Any]:
+  """The JSON object in `path`; CheckpointError naming the file for anything else (binary
+  garbage, broken JSON, a list, an unreadable file), so a damaged download is one clear line."""
+  try:
+    with open(path, encoding="utf-8") as fp:
+      data = json.load(fp)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path!r} is not JSON text ({type(e).__name__}: {str(e)[:120]}); "
+                          f"expected {what}") from None
+  except OSError as e:
+    raise CheckpointError(f"{path!r} cannot be read ({e.strerror or e}); expected {what}") from None
+  if not isinstance(data, dict):
+    raise CheckpointError(f"{path!r} holds a JSON {type(data).__name__}; expected {what} (a JSON "
+                          "object)")
+  return data
+
+
+@contextlib.contextmanager
+def _safetensors(file: str):
+  """safe_open, with a truncated or corrupt file (SafetensorError) or an unreadable one turned
+  into one CheckpointError naming it."""
+  try:
+    with safe_open(file, framework="np") as f:
+      yield f
+  except (SafetensorError, OSError) as e:
+    raise CheckpointError(f"{file!r} is not a readable safetensors file ({type(e).__name__}: "
+                          f"{str(e)[:160]}); expected a complete safetensors file (re-download "
+                          "or re-convert it)") from None
+
+
 def read_config(hf_dir: str, dtype: str = "float32") -> LlamaConfig:
   path = os.path.join(hf_dir, "config.json")
   if not os.path.isfile(path):
     raise CheckpointError(f"{hf_dir!r} has no config.json; expected a Hugging Face Llama directory")
-  with open(path) as fp:
-    try:
-      hf = json.load(fp)
-    except json.JSONDecodeError as e:
-      raise CheckpointError(f"{path!r} is not valid JSON: {e}") from None
+  hf = _read_json(path, "a Hugging Face Llama config.json")
   return from_hf_config(hf, param_dtype=dtype, dtype=dtype)
 
 
@@ -107,8 +133,7 @@ def _weight_files(hf_dir: str) -> dict[str, str]:
   """tensor name -> safetensors file, from the sharded index or the file headers."""
   index = os.path.join(hf_dir, INDEX_FILE)
   if os.path.isfile(index):
-    with open(index) as fp:
-      weight_map = json.load(fp).get("weight_map")
+    weight_map = _read_json(index, "a safetensors index with a 'weight_map'").get("weight_map")
     if not isinstance(weight_map, dict):
       raise CheckpointError(f"{index!r} has no 'weight_map'")
     files = {name: os.path.join(hf_dir, file) for name, file in weight_map.items()}
@@ -121,7 +146,7 @@ def _weight_files(hf_dir: str) -> dict[str, str]:
     raise CheckpointError(f"{hf_dir!r} has no *.safetensors files (and no {INDEX_FILE})")
   files = {}
   for name in names:
-    with safe_open(os.path.join(hf_dir, name), framework="np") as f:
+    with _safetensors(os.path.join(hf_dir, name)) as f:
       for key in f.keys():
         if key in files:
           raise CheckpointError(f"tensor {key!r} appears in two files of {hf_dir!r}")
@@ -136,7 +161,7 @@ def _headers(files: dict[str, str]) -> dict[str, tuple[tuple[int, ...], str]]:
   for name, file in files.items():
     by_file.setdefault(file, []).append(name)
   for file, names in by_file.items():
-    with safe_open(file, framework="np") as f:
+    with _safetensors(file) as f:
       present = set(f.keys())
       for name in names:
         if name not in present:
@@ -185,7 +210,7 @@ def _validate(cfg: LlamaConfig, maps: list[TensorMap],
 
 
 def _read(file: str, name: str) -> np.ndarray:
-  with safe_open(file, framework="np") as f:
+  with _safetensors(file) as f:
     return f.get_tensor(name)
 
 

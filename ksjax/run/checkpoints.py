@@ -15,6 +15,18 @@ temporary directory is removed when the manager is next opened). A step director
 complete but unreadable (a file lost or truncated afterwards) is skipped with a warning by
 `restore_latest`, moved aside as `corrupt_<step>`, and the previous good one is used.
 
+Checksums. A step can also be readable and wrong: a flipped bit in the parameters or the optimizer
+state restores without complaint (Orbax and tensorstore keep no content checksum of the arrays).
+So every step directory carries `checksums.sha256.json`, the sha256 and size of each of its files
+(state, data and config items and Orbax's metadata), written atomically once Orbax has finalised
+the step: right away for a synchronous save; for an asynchronous one, in a background thread as
+soon as the next save, `wait` or `close` finds Orbax done (Orbax offers no hook after its final
+rename; its post-finalization callback runs before it and is told neither the step nor the path).
+`restore_latest` checks the manifest before restoring and treats a mismatch as it treats an
+unreadable step; the eval binary checks it before reading any step (`check_shapes`). A step
+without a manifest (saved before ksjax wrote them, or the process died between Orbax's rename and
+the manifest) is restored unverified, with a note.
+
 Reading without touching (`steps`, `check_shapes`, `restore_policy`): evaluation needs only the
 parameters, so it restores `state.params` alone (Orbax's partial restore), each array straight
 onto its sharding on the evaluation mesh: the optimizer state, twice the parameters' size under
@@ -27,7 +39,10 @@ in progress is a temporary directory and is not listed).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,7 +54,7 @@ from absl import logging
 from etils import epath
 from flax import nnx
 
-from ksjax import model
+from ksjax import errors, files, model
 from ksjax.model import checkpoint as model_checkpoint
 from ksjax.model import sharding
 from ksjax.run.directory import (CHECKPOINT_ITEMS, CONFIG_ITEM, DATA_ITEM, PARAMS_FIELD,
@@ -48,6 +63,83 @@ from ksjax.run.directory import (CHECKPOINT_ITEMS, CONFIG_ITEM, DATA_ITEM, PARAM
 
 class CheckpointError(RuntimeError):
   """No checkpoint in the directory can be restored."""
+
+
+class CheckpointInputError(ValueError):
+  """The checkpoint directory, or a checkpoint in it, is not what evaluation can read."""
+
+
+class ChecksumError(CheckpointInputError):
+  """A step directory whose files differ from its checksum manifest."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checksum manifests
+# ---------------------------------------------------------------------------------------------
+
+MANIFEST = "checksums.sha256.json"
+_MANIFEST_FORMAT = 1
+
+
+def _manifest_files(step_dir: str) -> list[str]:
+  """The step directory's files, relative, sorted: all but the manifest and hidden temporaries
+  (ksjax.files' `.<name>.tmp` files of a write that died)."""
+  out = []
+  for root, dirs, names in os.walk(step_dir):
+    dirs.sort()
+    for name in names:
+      rel = os.path.relpath(os.path.join(root, name), step_dir)
+      if rel != MANIFEST and not name.startswith("."):
+        out.append(rel)
+  return sorted(out)
+
+
+def _sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(step_dir: str) -> None:
+  """Writes `<step_dir>/checksums.sha256.json`: the sha256 and size of every file (atomically)."""
+  entries = {}
+  for rel in _manifest_files(step_dir):
+    path = os.path.join(step_dir, rel)
+    entries[rel] = {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+  files.write_json(os.path.join(step_dir, MANIFEST),
+                   {"format": _MANIFEST_FORMAT, "algorithm": "sha256", "files": entries},
+                   sort_keys=True)
+
+
+def verify_manifest(step_dir: str, prefix: str = "") -> bool:
+  """Checks the files of `step_dir` (those under `prefix`, or all) against its manifest.
+
+  Returns True when they match and False when the step has no manifest; raises ChecksumError
+  naming the first file that is missing, of another size or of other content, or an unreadable
+  manifest. Sizes are compared first: a truncated file costs no hashing.
+  """
+  path = os.path.join(step_dir, MANIFEST)
+  if not os.path.isfile(path):
+    return False
+  try:
+    with open(path, encoding="utf-8") as f:
+      listed = json.load(f)["files"]
+    listed = {str(rel): (str(e["sha256"]), int(e["bytes"])) for rel, e in listed.items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ChecksumError(f"{path}: unreadable checksum manifest ({type(e).__name__})") from None
+  selected = sorted(rel for rel in listed if rel.startswith(prefix))
+  for rel in selected:
+    full = os.path.join(step_dir, rel)
+    if not os.path.isfile(full):
+      raise ChecksumError(f"{full} is missing; the checksum manifest lists it")
+    digest, size = listed[rel]
+    if os.path.getsize(full) != size:
+      raise ChecksumError(f"{full} has {os.path.getsize(full)} bytes; the checksum manifest says "
+                          f"{size}")
+  for rel in selected:
+    full = os.path.join(step_dir, rel)
+    if _sha256(full) != listed[rel][0]:
+      raise ChecksumError(f"{full}: content differs from the checksum manifest's sha256")
+  return True
 
 
 class Checkpointer:
@@ -66,6 +158,9 @@ class Checkpointer:
         save_interval_steps=save_every, max_to_keep=keep, create=True,
         enable_async_checkpointing=use_async, cleanup_tmp_directories=True)
     self._manager = self._open()
+    self._use_async = use_async
+    self._owed: list[int] = []  # saved steps whose checksum manifest is not written yet
+    self._hasher: threading.Thread | None = None
 
   def _open(self) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(self.directory, options=self._options,
@@ -76,15 +171,58 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator,
            config: Mapping[str, Any], *, force: bool = False) -> bool:
-    """Starts saving step `step` if it is due (or `force`); returns whether it did."""
+    """Starts saving step `step` if it is due (or `force`); returns whether it did.
+
+    Called every step, it also starts writing the manifest of the previous save as soon as
+    Orbax has finished it, and waits for that manifest before a new save begins (the new
+    save's finalisation may delete old steps, this one included when keep=1)."""
     if step in self._manager.all_steps():
       return False
-    return self._manager.save(
+    due = force or self._manager.should_save(step)
+    if due:
+      self._manager.wait_until_finished()  # Orbax's save would wait for it anyway
+    self._settle_manifests()
+    if due:
+      self._join_hasher()
+    saved = self._manager.save(
         step, force=force,
         args=ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state),
             DATA_ITEM: grain.checkpoint.CheckpointSave(data_iterator),
             CONFIG_ITEM: ocp.args.JsonSave(dict(config))}))
+    if saved:
+      self._owed.append(step)
+      if not self._use_async:  # finalised already: the checkpoint is whole when save returns
+        self._settle_manifests()
+        self._join_hasher()
+    return saved
+
+  def _settle_manifests(self) -> None:
+    """Starts writing the owed manifests in a background thread once Orbax has finished."""
+    if not self._owed or self._manager.is_saving_in_progress():
+      return
+    owed, self._owed = self._owed, []
+    if jax.process_index() != 0:  # one writer; the step directories are shared
+      return
+    self._join_hasher()
+    self._hasher = threading.Thread(target=self._write_manifests, args=(owed,),
+                                    name="ksjax-checkpoint-checksums", daemon=True)
+    self._hasher.start()
+
+  def _write_manifests(self, owed: list[int]) -> None:
+    for step in owed:
+      step_dir = os.path.join(self.directory, str(step))
+      try:
+        write_manifest(step_dir)
+      except OSError as e:
+        if os.path.isdir(step_dir):  # else removed by the keep policy: nothing to vouch for
+          logging.warning("checksum manifest of checkpoint %d not written (%s); it will be "
+                          "restored unverified", step, e)
+
+  def _join_hasher(self) -> None:
+    if self._hasher is not None:
+      self._hasher.join()
+      self._hasher = None
 
   def restore_latest(self, abstract_state: Any,
                      data_iterator: grain.DatasetIterator) -> tuple[int, Any, dict] | None:
@@ -99,20 +237,26 @@ class Checkpointer:
       return None
     failures = []
     for step in reversed(steps):
+      step_dir = os.path.join(self.directory, str(step))
       try:
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{
-                STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-                DATA_ITEM: grain.checkpoint.CheckpointRestore(data_iterator),
-                CONFIG_ITEM: ocp.args.JsonRestore()}))
+        verified = verify_manifest(step_dir)
+        if not verified:
+          print(f"note: checkpoint {step} in {self.directory} has no checksum manifest (saved "
+                "before ksjax wrote them, or the run stopped before writing it); restoring it "
+                "unverified", flush=True)
+        with errors.quiet_if_it_fails():  # Orbax's log lines about a damaged step: in `reason`
+          restored = self._manager.restore(
+              step, args=ocp.args.Composite(**{
+                  STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                  DATA_ITEM: grain.checkpoint.CheckpointRestore(data_iterator),
+                  CONFIG_ITEM: ocp.args.JsonRestore()}))
       except Exception as e:  # pylint: disable=broad-except
         # Orbax, tensorstore and grain raise many types for a damaged directory; any of them
         # means this step cannot be resumed from, and the next older one may be whole.
-        reason = f"{type(e).__name__}: {str(e)[:300]}"
-        logging.warning("checkpoint %d in %s cannot be restored (%s); trying the previous one",
-                        step, self.directory, reason)
-        print(f"warning: checkpoint {step} cannot be restored ({reason}); using the previous one",
-              flush=True)
+        reason = str(e) if isinstance(e, ChecksumError) else f"{type(e).__name__}: {str(e)[:300]}"
+        # One line (stdout, with the trainer's other messages; not also the log).
+        print(f"warning: checkpoint {step} cannot be restored ({reason}); moved aside, using the "
+              "previous one", flush=True)
         failures.append((step, reason))
         self._quarantine(step)
         continue
@@ -130,20 +274,19 @@ class Checkpointer:
     self._manager = self._open()
 
   def wait(self) -> None:
+    """Until every started save, and its checksum manifest, is on disk."""
     self._manager.wait_until_finished()
+    self._settle_manifests()
+    self._join_hasher()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading without touching (the eval binary, the studies)
 # ---------------------------------------------------------------------------------------------
-
-class CheckpointInputError(ValueError):
-  """The checkpoint directory, or a checkpoint in it, is not what evaluation can read."""
-
 
 def steps(run: RunDirectory) -> list[int]:
   """The finalized checkpoint steps, ascending."""
@@ -180,7 +323,15 @@ def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str) -> 
   or has in excess of the model `what` describes."""
   path = run.state_dir(step)
   try:
-    stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
+    # The state item only: that is all evaluation reads.
+    verify_manifest(run.step_dir(step), prefix=STATE_ITEM + os.sep)
+  except ChecksumError as e:
+    raise ChecksumError(f"checkpoint step {step} in {run.steps_dir} fails its checksums ({e}); "
+                        "expected an intact checkpoint (it was damaged after it was written: "
+                        "evaluate another step)") from None
+  try:
+    with errors.quiet_if_it_fails():  # Orbax's log lines: the error below says it
+      stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
   except (FileNotFoundError, ValueError, KeyError, OSError) as e:
     raise CheckpointInputError(f"checkpoint {path!r} cannot be read ({type(e).__name__}: "
                                f"{str(e)[:200]}); expected a ksjax trainer checkpoint") from None

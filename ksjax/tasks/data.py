@@ -9,7 +9,8 @@ feature spec, the task decides what a record means (`Task.prompt_from_record`), 
 the readers add is lost. Building never touches the network: the files come from a manual
 directory, `try_download_gcs=False`, and tfds's download directory is a temporary one that is
 removed afterwards. A missing input is one `DataError` naming the expected path and format,
-raised before anything is written.
+raised before anything is written; the command line prints it as one line and exits with
+status 2 (`ksjax.errors`).
 
   python -m ksjax.tasks.data --dataset=math --manual_dir=path/to/MATH --data_dir=path/to/built
 
@@ -349,19 +350,18 @@ def main(argv: Sequence[str]) -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
   values = flags.FLAGS
-  try:
-    builder = build(values.dataset, data_dir=values.data_dir, manual_dir=values.manual_dir,
-                    overwrite=values.overwrite)
-  except DataError as e:
-    raise SystemExit(f"ksjax.tasks.data: {e}") from None
+  builder = build(values.dataset, data_dir=values.data_dir, manual_dir=values.manual_dir,
+                  overwrite=values.overwrite)
   for split, info in builder.info.splits.items():
     print(f"{builder.name}/{split}: {info.num_examples} examples in {builder.data_path}")
 
 
 if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+
+  from ksjax import errors  # pylint: disable=g-import-not-at-top
   flags.DEFINE_enum("dataset", None, list(BUILDERS), "The dataset to build.", required=True)
   flags.DEFINE_string("data_dir", None, "Where the built dataset goes.", required=True)
   flags.DEFINE_string("manual_dir", None, "The directory holding the published files.")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if a built copy exists.")
-  app.run(main)
+  app.run(errors.boundary("ksjax.tasks.data", main))

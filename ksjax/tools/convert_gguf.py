@@ -14,7 +14,7 @@ Quantized tensors are dequantized: the result is the quantized model in float32 
 the model it was quantized from. Everything is written under a temporary name next to --out and
 renamed into place only when complete, so --out is either whole or absent. Bad input (not a GGUF,
 truncated, not a llama, an unsupported tensor type, missing or misshapen tensors, an existing
---out) prints one line on stderr and exits with status 2.
+--out) prints one line on stderr and exits with status 2 (`ksjax.errors`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 from absl import app, flags
 
+from ksjax import errors
 from ksjax.config_validation import ConfigError
 from ksjax.model import checkpoint, config, gguf_io, hf_io, sharding
 
@@ -96,14 +96,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  try:
-    convert(f.gguf, f.out, f.format, f.dtype, f.mesh)
-  except (ConfigError, checkpoint.CheckpointError, FileExistsError) as e:
-    print(f"convert_gguf: {e}", file=sys.stderr)
-    sys.exit(2)
+  convert(f.gguf, f.out, f.format, f.dtype, f.mesh)
   print(f"convert_gguf: wrote {f.out}")
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  # An existing --out is bad input too (convert refuses to overwrite).
+  app.run(errors.boundary("convert_gguf", main, extra=(FileExistsError,)))

@@ -5,18 +5,19 @@
 
 The checkpoint is written under a temporary name next to `--out` and renamed into place only when
 complete, so `--out` is either a whole checkpoint or absent. Bad input (not a Llama, missing, extra
-or misshapen tensors, an existing `--out`) prints one line and exits with status 2.
+or misshapen tensors, an unreadable config.json or safetensors file, an existing `--out`) prints
+one line and exits with status 2 (`ksjax.errors`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 
 from absl import app, flags
 
+from ksjax import errors
 from ksjax.config_validation import ConfigError
 from ksjax.model import checkpoint, config, hf_io, sharding
 
@@ -50,13 +51,10 @@ def convert(hf_dir: str, out: str, dtype: str = "float32", mesh_shape=(1, -1, 1)
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    convert(_HF_DIR.value, _OUT.value, _DTYPE.value, _MESH.value)
-  except (ConfigError, checkpoint.CheckpointError, FileExistsError) as e:
-    print(f"convert_hf: {e}", file=sys.stderr)
-    sys.exit(2)
+  convert(_HF_DIR.value, _OUT.value, _DTYPE.value, _MESH.value)
   print(f"convert_hf: wrote {_OUT.value}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  # An existing --out is bad input too (convert refuses to overwrite).
+  app.run(errors.boundary("convert_hf", main, extra=(FileExistsError,)))

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from absl import app, flags
 
-from ksjax import distributed
+from ksjax import distributed, errors
 
 _PROCESSES = flags.DEFINE_integer("processes", 2, "Processes to start.", lower_bound=1)
 _DEVICES = flags.DEFINE_integer("devices_per_process", 1, "CPU devices of each process.",
@@ -66,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(errors.boundary("local_cluster", main))

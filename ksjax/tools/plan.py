@@ -9,8 +9,8 @@ devices of this machine, so on a TPU VM or GPU host it reports that backend's co
 `--exact_only` prints only what follows from shapes and shardings (parameters, optimizer state,
 reference, KV caches) on a device-free mesh of --fake_devices (or this machine's) devices: no
 program is compiled, so any device count takes seconds. `--memory_gb` lists device sizes to judge
-the plan against; `--json_out` writes the numbers. A bad config prints one line naming the field
-and exits with status 2. See `ksjax.trainer.memory_plan`.
+the plan against; `--json_out` writes the numbers. A bad config file or value prints one line
+naming it and exits with status 2 (`ksjax.errors`). See `ksjax.trainer.memory_plan`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from ksjax import files
+from ksjax import config_validation, errors, files
 from ksjax.run import spec as spec_lib
 from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
@@ -81,27 +81,21 @@ def main(argv):
   try:
     memory = [float(x) * 1e9 for x in _MEMORY_GB.value]
   except ValueError:
-    print(f"plan: --memory_gb={','.join(_MEMORY_GB.value)} is not accepted; expected numbers",
-          file=sys.stderr)
-    sys.exit(2)
+    raise ConfigError(f"--memory_gb={','.join(_MEMORY_GB.value)} is not accepted; expected "
+                      "numbers") from None
   if _FAKE_DEVICES.value and not _EXACT_ONLY.value:
     # Before anything asks jax for its devices (reading the spec runs the estimator once).
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", _FAKE_DEVICES.value)
-  try:
-    spec = spec_lib.from_config(_CONFIG.value)
-    if _EXACT_ONLY.value:
-      print(exact_text(spec, _FAKE_DEVICES.value or jax.device_count(),
-                       _PROMPT_LEN.value))
-      return
-    memory_plan = planning.plan(spec, prompt_len=_PROMPT_LEN.value)
-  except ConfigError as e:
-    print(f"plan: bad config: {e}", file=sys.stderr)
-    sys.exit(2)
+  spec = spec_lib.from_config(_CONFIG.value)
+  if _EXACT_ONLY.value:
+    print(exact_text(spec, _FAKE_DEVICES.value or jax.device_count(), _PROMPT_LEN.value))
+    return
+  memory_plan = planning.plan(spec, prompt_len=_PROMPT_LEN.value)
   print(memory_plan.table(memory))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, plan_json(memory_plan))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(errors.boundary("plan", main), flags_parser=config_validation.parse_flags_or_exit)

@@ -1,0 +1,226 @@
+"""The error boundary every ksjax entry point shares.
+
+A failure caused by the user's input (a config file or value, a data set, a checkpoint, a model
+directory, a GGUF file) prints one line, `<program>: <what was wrong and what is accepted>`, exits
+with status 2 and writes nothing; any other failure is a bug and keeps its traceback. The
+binaries (`ksjax.main`, `ksjax.eval`, `ksjax.tools.*`, `python -m ksjax.tasks.data`) wrap their
+`main` in `boundary`; the places that read an input turn a library's exception into one of the
+project's input-error types (`INPUT_ERRORS`) with a message naming the file and what is accepted.
+
+Libraries log while they read (Orbax warns about missing metadata files before raising, tfds about
+a folder without dataset_info.json), and such a line printed before the one line would bury it. So
+while a program starts, log records (absl's, Orbax's, tfds's, jax's: all reach the root logger)
+and Python warnings are held: dropped if the start ends in an input error, whose line says what
+went wrong, and printed, in order, as soon as the program has read its inputs (`inputs_read()`),
+prints its first line to stdout, fails with a bug, or ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+EXIT_INPUT = 2
+
+# (module, class) of each exception type that means "the input is not what ksjax accepts".
+# Resolved only among modules already imported (`input_error_types`): an exception can only have
+# been raised if its module was loaded, and importing e.g. ksjax.run.checkpoints (Orbax, jax) just
+# to name its type would slow down binaries that never use it (the bandit study, --help).
+INPUT_ERRORS = (
+    ("ksjax.config_validation", "ConfigError"),          # a config value
+    ("ksjax.tasks.base", "DataError"),                    # a data set or record
+    ("ksjax.model.checkpoint", "CheckpointError"),        # a model: Orbax, HF directory, GGUF
+    ("ksjax.run.checkpoints", "CheckpointInputError"),   # a run's step checkpoints (eval)
+    ("ksjax.run.checkpoints", "CheckpointError"),        # none of a run's checkpoints readable
+)
+
+
+def input_error_types(extra: tuple[type[BaseException], ...] = ()) -> tuple[type, ...]:
+  """The input-error types of the loaded modules, and `extra`."""
+  found = []
+  for module_name, name in INPUT_ERRORS:
+    module = sys.modules.get(module_name)
+    if module is not None and isinstance(getattr(module, name, None), type):
+      found.append(getattr(module, name))
+  return tuple(found) + tuple(extra)
+
+
+def one_line(error: BaseException) -> str:
+  """The error's message on one line (a message of several lines is joined with '; ')."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return "; ".join(lines) or type(error).__name__
+
+
+def message(prog: str, error: BaseException) -> str:
+  """`<prog>: bad config: ...` for a config value, `<prog>: ...` for any other input."""
+  config_error = sys.modules.get("ksjax.config_validation")
+  bad_config = config_error is not None and isinstance(error, config_error.ConfigError)
+  return f"{prog}: {'bad config: ' if bad_config else ''}{one_line(error)}"
+
+
+def exit_input_error(prog: str, error: BaseException) -> None:
+  """Prints the one line on stderr and exits with status 2."""
+  print(message(prog, error), file=sys.stderr, flush=True)
+  sys.exit(EXIT_INPUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Holding library log lines
+# ---------------------------------------------------------------------------------------------
+
+class _Keep(logging.Handler):
+  """Keeps every record it is handed for the handlers it stands in for; once `forward` is set,
+  hands records straight to those (a hold released while a nested one still has it installed)."""
+
+  def __init__(self):
+    super().__init__(logging.NOTSET)
+    self.records: list[logging.LogRecord] = []
+    self.forward: list[logging.Handler] | None = None
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if self.forward is None:
+      # Formatted now, as logging.handlers.QueueHandler.prepare does: the arguments may be
+      # objects that change or die (a jax client, a mesh) before the record is printed.
+      record = logging.makeLogRecord(record.__dict__)
+      record.msg, record.args = record.getMessage(), None
+      if record.exc_info:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.exc_info = None
+      self.records.append(record)
+      return
+    for handler in self.forward:
+      if record.levelno >= handler.level:
+        handler.handle(record)
+
+
+class LogHold:
+  """Holds what would reach the root logger's handlers, and Python warnings, until `release()`
+  (passed on, in order) or `discard()` (dropped).
+
+  The standard library has no handler that buffers for other handlers and can drop what it
+  buffered (logging.handlers.MemoryHandler flushes into one target, and always does), hence this
+  one. Holds nest: an inner hold releases into the outer one. With `release_on_stdout`, the first
+  write to stdout releases: a program that has started to report is past reading its inputs.
+  """
+
+  def __init__(self, *, release_on_stdout: bool = False):
+    self._root = logging.getLogger()
+    self._handlers = self._root.handlers[:]
+    self._keep = _Keep()
+    self._warnings: list[tuple[Any, ...]] = []
+    self._showwarning = warnings.showwarning
+    self._root.handlers = [self._keep]
+    warnings.showwarning = self._warn
+    self._stdout = None
+    if release_on_stdout:
+      self._stdout = sys.stdout
+      sys.stdout = _ReleaseOnWrite(sys.stdout, self.release)
+    self.active = True
+
+  def _warn(self, *args, **kwargs) -> None:
+    if self.active:
+      self._warnings.append((args, kwargs))
+    else:
+      self._showwarning(*args, **kwargs)
+
+  def _restore(self) -> None:
+    self.active = False
+    self._keep.forward = self._handlers
+    if self._root.handlers == [self._keep]:
+      self._root.handlers = self._handlers
+    if warnings.showwarning == self._warn:
+      warnings.showwarning = self._showwarning
+    if self._stdout is not None and isinstance(sys.stdout, _ReleaseOnWrite):
+      # Kept alive: print() holds only a borrowed reference to sys.stdout while it writes, and
+      # this runs inside the first of its writes.
+      _RETIRED_STREAMS.append(sys.stdout)
+      sys.stdout = self._stdout
+
+  def release(self) -> None:
+    if not self.active:
+      return
+    self._restore()
+    for record in self._keep.records:
+      self._keep.emit(record)  # forwarded, now that the hold is over
+    for args, kwargs in self._warnings:
+      warnings.showwarning(*args, **kwargs)
+    self._keep.records.clear()
+    self._warnings.clear()
+
+  def discard(self) -> None:
+    if self.active:
+      self._restore()
+      self._keep.records.clear()
+      self._warnings.clear()
+
+
+_RETIRED_STREAMS: list[Any] = []
+
+
+class _ReleaseOnWrite:
+  """stdout until its first write, which releases the hold and puts the real stdout back."""
+
+  def __init__(self, stream, release: Callable[[], None]):
+    self._stream = stream
+    self._release = release
+
+  def write(self, text: str) -> int:
+    self._release()
+    return self._stream.write(text)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def quiet_if_it_fails() -> Iterator[None]:
+  """Around the reading of one input: the libraries' log lines are dropped if the block raises
+  (the caller turns the exception into its own message, reason included), passed on otherwise."""
+  hold = LogHold()
+  try:
+    yield
+  except BaseException:
+    hold.discard()
+    raise
+  hold.release()
+
+
+_BOUNDARY: list[LogHold] = []  # the running entry point's hold (at most one)
+
+
+def inputs_read() -> None:
+  """Says that the program has read its inputs: held log lines are printed from here on."""
+  while _BOUNDARY:
+    _BOUNDARY.pop().release()
+
+
+# ---------------------------------------------------------------------------------------------
+# The boundary
+# ---------------------------------------------------------------------------------------------
+
+def boundary(prog: str, main: Callable[[list[str]], Any],
+             extra: tuple[type[BaseException], ...] = ()) -> Callable[[list[str]], Any]:
+  """`main` (for `absl.app.run`) with the boundary: an input error (`INPUT_ERRORS`, or one of
+  `extra`) becomes one line on stderr and exit status 2, with the libraries' log lines of the
+  start dropped; anything else propagates with its traceback, after the held lines."""
+
+  def wrapped(argv: list[str]) -> Any:
+    hold = LogHold(release_on_stdout=True)
+    _BOUNDARY.append(hold)
+    try:
+      return main(argv)
+    except Exception as e:  # pylint: disable=broad-except
+      if not isinstance(e, input_error_types(extra)):
+        raise
+      hold.discard()
+      exit_input_error(prog, e)
+    finally:
+      if hold in _BOUNDARY:
+        _BOUNDARY.remove(hold)
+      hold.release()  # a no-op after discard(); the held lines before a bug's traceback
+
+  return wrapped
