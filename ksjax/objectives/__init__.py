@@ -7,15 +7,21 @@ baseline's target and the n > k U-statistics are in `advantages.py`; the closed 
 and `pass_at_k.py`; the exact subset enumeration for majority voting and softmax in
 `enumerated.py`. What k samples achieve, estimated without bias from n >= k samples per problem
 (pass@k in Chen et al.'s product form, maj@k by a dynamic programme over vote counts) is in
-`estimates.py`, which evaluation and training logs use.
+`estimates.py`, which evaluation and training logs use. Chen et al.'s normalised pass@k and verl's
+grpo_passk, biased baselines to compare against, are in `normalized.py`; `k_at_step` (`schedule.py`)
+anneals k over training.
 """
 
 from ksjax.objectives.advantages import AGGREGATORS
+from ksjax.objectives.advantages import ALL_BASELINES
 from ksjax.objectives.advantages import BASELINES
+from ksjax.objectives.advantages import NORMALIZED_BASELINES
 from ksjax.objectives.advantages import SCALES
 from ksjax.objectives.advantages import k_sample_advantages
 from ksjax.objectives.advantages import objective_value
 from ksjax.objectives.enumerated import MAX_SUBSETS
+from ksjax.objectives.schedule import K_SCHEDULES
+from ksjax.objectives.schedule import k_at_step
 
-__all__ = ["AGGREGATORS", "BASELINES", "MAX_SUBSETS", "SCALES", "k_sample_advantages",
-           "objective_value"]
+__all__ = ["AGGREGATORS", "ALL_BASELINES", "BASELINES", "K_SCHEDULES", "MAX_SUBSETS",
+           "NORMALIZED_BASELINES", "SCALES", "k_at_step", "k_sample_advantages", "objective_value"]

@@ -47,6 +47,12 @@ group mean (Dr. GRPO) and "further divides by the standard deviation" for the GR
 the effective rewards, which is the std of the weights themselves. For aggregator="mean" this is
 GRPO's (r_i - rbar) / (std(r) + (n - 1) eps). It is rejected with baseline="none", whose weights
 are constant within a group when k = n (a standard deviation of 0).
+
+Two more baselines divide by a standard deviation of the group itself, which makes them biased for
+every objective; they are there to compare against (`normalized.py`, NORMALIZED_BASELINES):
+"normalized" (Chen et al. 2025: GRPO over the k-subsets; every aggregator, k < n) and
+"verl_grpo_passk" (verl's grpo_passk: Tang's leave-one-out over torch.std(r) + eps; pass_at_k,
+k = n). Both normalise already, so scale="group_std" is rejected with them.
 """
 
 from __future__ import annotations
@@ -59,10 +65,15 @@ import numpy as np
 
 from ksjax.objectives import enumerated
 from ksjax.objectives import mean
+from ksjax.objectives import normalized
 from ksjax.objectives import pass_at_k
 
 AGGREGATORS = ("mean", "pass_at_k", "majority_vote", "softmax")
+# The paper's baselines: each an unbiased gradient of a stated target objective.
 BASELINES = ("none", "loo", "loo_demeaned", "leave_p_out")
+# Divided by a data-dependent standard deviation: biased, for comparison (`normalized.py`).
+NORMALIZED_BASELINES = ("normalized", "verl_grpo_passk")
+ALL_BASELINES = BASELINES + NORMALIZED_BASELINES
 SCALES = ("none", "group_std")
 _ENUMERATED = ("majority_vote", "softmax")
 
@@ -130,8 +141,27 @@ def _check_finite_scalar(name: str, value, *, positive: bool = False) -> None:
                      + (" > 0" if positive else ""))
 
 
+def _check_normalized(aggregator: str, baseline: str, k: int, n: int, scale: str) -> None:
+  if scale != "none":
+    raise ValueError(f"scale={scale!r} is not accepted with baseline={baseline!r}, which divides "
+                     "by a standard deviation itself; expected scale='none'")
+  if baseline == "normalized" and k >= n:
+    raise ValueError(f"k={k} is not accepted with baseline='normalized' and n={n}; expected "
+                     "k < n (with k = n the only k-subset is the whole group: all weights 0)")
+  if baseline == "verl_grpo_passk":
+    if aggregator != "pass_at_k":
+      raise ValueError(f"aggregator={aggregator!r} is not accepted with "
+                       "baseline='verl_grpo_passk' (it credits the group's best sample alone); "
+                       "expected aggregator='pass_at_k'")
+    if k != n or n < 2:
+      raise ValueError(f"k={k} is not accepted with baseline='verl_grpo_passk' and n={n}; "
+                       "expected k = n >= 2 (verl's grpo_passk takes the whole group)")
+
+
 def _check_baseline(baseline: str, k: int, p) -> int | None:
-  """The subset size m of the leave-p-out target, or None for none/loo."""
+  """The subset size m of the leave-p-out target, or None for the other baselines."""
+  if baseline in NORMALIZED_BASELINES:
+    return None
   if baseline != "none" and k < 2:
     raise ValueError(
         f"k={k} is not accepted with baseline={baseline!r}; leave-out baselines need k >= 2")
@@ -161,7 +191,7 @@ def _divide_by_group_std(weights_gn: jax.Array, eps: float | jax.Array) -> jax.A
   return weights_gn / (jnp.std(weights_gn, axis=-1, keepdims=True, ddof=1) + eps)
 
 
-def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn) -> jax.Array:
+def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn, eps) -> jax.Array:
   n = rewards_gn.shape[-1]
   if baseline != "none":
     # Leave-out weights are unchanged by a constant added to a group's rewards (f(y + c) = f(y) + c
@@ -170,6 +200,12 @@ def _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn) -> jax
     # rounding noise (which scale="group_std" would blow up by 1/eps), and large offsets do not
     # cancel.
     rewards_gn = _from_group_max(rewards_gn)
+  if baseline == "verl_grpo_passk":
+    return normalized.verl_grpo_passk(rewards_gn, eps)
+  if baseline == "normalized":
+    values_k = None if aggregator in ("mean", "pass_at_k") else _subset_values(
+        rewards_gn, aggregator, k, beta, answer_ids_gn)
+    return normalized.normalized(rewards_gn, aggregator, k, values_k)
   if aggregator == "mean":
     return mean.none(rewards_gn, k) if baseline == "none" else mean.leave_out(rewards_gn)
   if aggregator == "pass_at_k":
@@ -202,13 +238,17 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
       plurality answer, ties broken uniformly at random, in expectation: the mean reward of the tied
       plurality classes), "softmax" (f = sum_i p_i r_i, p = softmax(beta * r) over the k samples).
     baseline: "none" (REINFORCE), "loo" (unbiased leave-one-out), "loo_demeaned" (the paper's biased
-      variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned).
+      variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned); for
+      comparison, biased: "normalized" (Chen et al.'s normalised k-subset advantage, k < n) and
+      "verl_grpo_passk" (verl's grpo_passk, pass_at_k with k = n); see `normalized.py`.
     k: samples of the objective, 1 <= k <= n (>= 2 for leave-out baselines); None means n.
     p: samples left out by "leave_p_out", 1 <= p <= k - 1; ignored by the other baselines.
     beta: inverse temperature of "softmax" (finite; 0 gives the mean, large beta approaches max).
     answer_ids: integer [G, n] answer classes, required by "majority_vote", ignored otherwise.
-    scale: "none" or "group_std" (divide each group's weights by their standard deviation + eps).
-    eps: added to the standard deviation by "group_std", > 0.
+    scale: "none" or "group_std" (divide each group's weights by their standard deviation + eps);
+      "none" with the NORMALIZED_BASELINES.
+    eps: added to the standard deviation by "group_std" and "verl_grpo_passk" (verl's epsilon,
+      also 1e-6 by default), > 0.
 
   Returns:
     Weights [G, n] in the rewards' dtype.
@@ -220,11 +260,15 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
   """
   rewards_gn = _check_rewards(rewards)
   _choice("aggregator", aggregator, AGGREGATORS)
-  _choice("baseline", baseline, BASELINES)
+  _choice("baseline", baseline, ALL_BASELINES)
   _choice("scale", scale, SCALES)
   n = rewards_gn.shape[-1]
   k = _check_k(k, n)
   m = _check_baseline(baseline, k, p)
+  if baseline in NORMALIZED_BASELINES:
+    _check_normalized(aggregator, baseline, k, n, scale)
+  if baseline == "verl_grpo_passk":
+    _check_finite_scalar("eps", eps, positive=True)
   if scale == "group_std":
     if baseline == "none":
       raise ValueError("scale='group_std' is not accepted with baseline='none' (its weights are "
@@ -237,10 +281,10 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
   if aggregator == "softmax":
     _check_finite_scalar("beta", beta)
   if aggregator in _ENUMERATED:
-    sizes = {"none": (k,), "loo": (k, k - 1)}.get(baseline, (m,))
+    sizes = {"none": (k,), "normalized": (k,), "loo": (k, k - 1)}.get(baseline, (m,))
     enumerated.check_enumerable(aggregator, n, sizes)
 
-  weights_gn = _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn)
+  weights_gn = _weights(rewards_gn, aggregator, baseline, k, m, beta, answer_ids_gn, eps)
   if scale == "group_std":
     weights_gn = _divide_by_group_std(weights_gn, eps)
   return weights_gn

@@ -39,3 +39,18 @@ def leave_out(rewards_gn: jax.Array) -> jax.Array:
 def objective(rewards_gn: jax.Array) -> jax.Array:
   """U-statistic estimate of E[f(y_1..y_k)] for every k: the group mean, [G]."""
   return jnp.mean(rewards_gn, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def centred(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """phi_k(i) - rbar = (n-k)/(k(n-1)) (r_i - rbar), k < n, [G, n] (`normalized.py`)."""
+  n = rewards_gn.shape[-1]
+  return (n - k) / k * leave_out(rewards_gn)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def subset_std(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """Standard deviation of the mean of k rewards over the C(n, k) k-subsets, [G, 1]: a sample
+  mean drawn without replacement, variance (n-k)/(k(n-1)) times the group's population variance."""
+  n = rewards_gn.shape[-1]
+  return jnp.sqrt((n - k) / (k * (n - 1)) * jnp.var(rewards_gn, axis=-1, keepdims=True))

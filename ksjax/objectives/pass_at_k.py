@@ -71,14 +71,18 @@ def _loo_coefficients(n: int, k: int) -> _Coefficients:
 
 
 @functools.lru_cache(maxsize=256)
-def _leave_p_out_coefficients(n: int, m: int) -> _Coefficients:
-  """(m/n)(phi_m - psi_m), m = k - p < n, using (m/n) / C(n-1, m) = m / ((n-m) C(n, m))."""
+def _leave_p_out_coefficients(n: int, m: int, factor: Fraction = Fraction(1)) -> _Coefficients:
+  """factor (m/n)(phi_m - psi_m), m = k - p < n, using (m/n) / C(n-1, m) = m / ((n-m) C(n, m)).
+
+  `factor` is applied in exact arithmetic, before the single rounding to float64.
+  """
   total = math.comb(n, m)
   ratio = Fraction(m, n - m)
   positions = range(1, n + 1)
-  own = [Fraction(_comb(q - 1, m - 1), total) for q in positions]
-  below = [-ratio * Fraction(_comb(j - 1, m - 1), total) for j in positions]
-  above = [(_comb(j - 2, m - 2) - ratio * _comb(j - 2, m - 1)) / total for j in positions]
+  own = [factor * Fraction(_comb(q - 1, m - 1), total) for q in positions]
+  below = [-factor * ratio * Fraction(_comb(j - 1, m - 1), total) for j in positions]
+  above = [factor * (_comb(j - 2, m - 2) - ratio * _comb(j - 2, m - 1)) / total
+           for j in positions]
   return _to_float64(own), _to_float64(below), _to_float64(above)
 
 
@@ -119,6 +123,36 @@ def loo(rewards_gn: jax.Array, k: int) -> jax.Array:
 def leave_p_out(rewards_gn: jax.Array, m: int) -> jax.Array:
   """Leave-p-out weights for the (m = k - p)-sample target, [G, n]."""
   return _apply(rewards_gn, _leave_p_out_coefficients(rewards_gn.shape[-1], m))
+
+
+def centred(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """phi_k(i) - mean of f over all k-subsets, k < n, [G, n]: ((n-k)/k) times leave_p_out(m=k).
+
+  The mean over all k-subsets is (k/n) phi_k(i) + (1 - k/n) psi_k(i), so the difference is
+  (1 - k/n)(phi_k - psi_k) = ((n-k)/k) (k/n)(phi_k - psi_k): the leave-p-out coefficients with
+  m = k, scaled exactly. Chen et al.'s normalised pass@k numerator (`normalized.py`).
+  """
+  n = rewards_gn.shape[-1]
+  return _apply(rewards_gn, _leave_p_out_coefficients(n, k, Fraction(n - k, k)))
+
+
+def subset_std(rewards_gn: jax.Array, k: int) -> jax.Array:
+  """Standard deviation of max over the C(n, k) k-subsets (population: over all of them), [G, 1].
+
+  A k-subset's maximum is r_(j) for C(j-1, k-1) of them, so with c_j = C(j-1, k-1)/C(n, k) the
+  mean is sum_j c_j r_(j) and the variance sum_j c_j (r_(j) - mean)^2: centred before squaring,
+  so a group whose top n-k+1 rewards are equal (every subset has the same maximum) gets exactly
+  0 once the rewards are measured from the group maximum.
+  """
+  weights_n = jnp.asarray(_objective_coefficients(rewards_gn.shape[-1], k), rewards_gn.dtype)
+  return _sorted_std(rewards_gn, weights_n)
+
+
+@jax.jit
+def _sorted_std(rewards_gn, weights_n):
+  sorted_gn = jnp.sort(rewards_gn, axis=-1)
+  mean_g1 = jnp.sum(sorted_gn * weights_n, axis=-1, keepdims=True)
+  return jnp.sqrt(jnp.sum(weights_n * jnp.square(sorted_gn - mean_g1), axis=-1, keepdims=True))
 
 
 def objective(rewards_gn: jax.Array, k: int) -> jax.Array:

@@ -5,11 +5,16 @@ enumerated: E[sum_i w_i grad log pi(y_i)] is a finite sum over tuples, compared 
 jax.grad of the target objective, itself a finite sum over k-tuples of the literal target functional
 (`objectives_naive.target`: f(y) for none/loo, (1/k) sum_i f(y_-i) for loo_demeaned, the appendix's
 leave-p-out average for leave_p_out). This catches every sign, factor, tie and n > k mistake.
+
+The comparison baselines divided by a data-dependent standard deviation ("normalized",
+"verl_grpo_passk") are unbiased for no objective: their undivided numerators are checked against the
+target they are unbiased for, and their bias is shown to be what `normalized.py` states.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +31,7 @@ BANDITS = {
     "distinct": (np.array([0.3, -1.2, 0.7, 0.1]), np.array([0, 1, 2, 3])),
     "tied": (np.array([1.0, -0.5, -0.5, 0.3]), np.array([0, 1, 1, 2])),
     "three_actions": (np.array([0.9, -0.4, 0.2]), np.array([0, 1, 2])),
+    "binary": (np.array([1.0, 0.0, 0.0, 1.0]), np.array([0, 1, 2, 0])),
 }
 THETA = np.array([0.4, -0.3, 0.1, 0.25])
 CASES = [(n, k, "distinct") for n in range(1, 5) for k in range(1, n + 1)]
@@ -100,3 +106,111 @@ def test_loo_demeaned_pass_at_k_target_is_best_and_second_best_mix(k):
   top_two_t = np.sort(rewards_a[tuples_tk], axis=1)[:, -2:]
   closed_t = (k - 1) / k * top_two_t[:, 1] + top_two_t[:, 0] / k
   np.testing.assert_allclose(literal_t, closed_t, rtol=0, atol=1e-12)
+
+
+# ---- The biased comparison baselines (ksjax/objectives/normalized.py). ----
+
+NORMALIZED_CASES = [(n, k, bandit) for bandit in ("distinct", "tied") for n in (2, 3, 4)
+                    for k in range(1, n)]
+NORMALIZED_CASES += [(5, 3, "three_actions"), (4, 2, "binary")]
+
+
+def _expected_and_target(aggregator, baseline, n, k, bandit, theta, multiply=None):
+  """(E[sum_i w_i grad log pi(y_i)], grad_theta E[f(y_1..y_k)]) on the bandit, each [A]; with
+  `multiply(rewards_n, answers_n)`, each tuple's weights are multiplied by it first."""
+  rewards_a, answers_a = BANDITS[bandit]
+  theta = theta[:len(rewards_a)]
+  tuples_tn, tuples_tk = _tuples(len(rewards_a), n), _tuples(len(rewards_a), k)
+  weights_tn = np.asarray(objectives.k_sample_advantages(
+      jnp.asarray(rewards_a[tuples_tn]), aggregator=aggregator, baseline=baseline, k=k, beta=BETA,
+      answer_ids=jnp.asarray(answers_a[tuples_tn])))
+  if multiply is not None:
+    weights_tn = weights_tn * np.array([[multiply(rewards_a[t], answers_a[t])] for t in tuples_tn])
+  values_t = np.array([objectives_naive.f(aggregator, rewards_a[t], answers_a[t], BETA)
+                       for t in tuples_tk])
+  return (_expected_estimate(weights_tn, tuples_tn, theta),
+          np.asarray(_target_gradient(jnp.asarray(theta), values_t, tuples_tk)))
+
+
+def _subset_std(aggregator, k):
+  """The population standard deviation of f over the k-subsets of one group, literally."""
+  def std(rewards_n, answers_n):
+    values = [objectives_naive.f(aggregator, [rewards_n[i] for i in s], [answers_n[i] for i in s],
+                                 BETA) for s in itertools.combinations(range(len(rewards_n)), k)]
+    return float(np.std(values))
+  return std
+
+
+def _parallel_factor(estimate, gradient):
+  """c minimising |estimate - c gradient|, and the part of `estimate` not along `gradient`."""
+  c = estimate @ gradient / (gradient @ gradient)
+  return c, np.abs(estimate - c * gradient).max()
+
+
+@pytest.mark.parametrize("aggregator", objectives.AGGREGATORS)
+@pytest.mark.parametrize("n,k,bandit", NORMALIZED_CASES)
+def test_normalized_times_its_std_is_unbiased_for_a_multiple_of_the_objective(
+    aggregator, n, k, bandit):
+  """sigma A_i = phi_k(i) - Rbar is ((n-k)/k) times leave-p-out with m = k: unbiased for
+  ((n-k)/k) grad E[f(y_1..y_k)], sigma being the std of f over the group's k-subsets."""
+  estimate, gradient = _expected_and_target(aggregator, "normalized", n, k, bandit, THETA,
+                                            multiply=_subset_std(aggregator, k))
+  np.testing.assert_allclose(estimate, (n - k) / k * gradient, rtol=0, atol=1e-8,
+                             err_msg=f"{aggregator} n={n} k={k} {bandit}")
+  assert np.abs(gradient).max() > 1e-3
+
+
+@pytest.mark.parametrize("aggregator", objectives.AGGREGATORS)
+@pytest.mark.parametrize("n,k", [(3, 2), (4, 2), (4, 3)])
+def test_normalized_is_biased_in_direction_for_non_binary_rewards(aggregator, n, k):
+  """Dividing by sigma, which depends on the sample, turns the expectation away from
+  grad E[f(y_1..y_k)]: not only its length is off."""
+  estimate, gradient = _expected_and_target(aggregator, "normalized", n, k, "distinct", THETA)
+  cosine = estimate @ gradient / np.linalg.norm(estimate) / np.linalg.norm(gradient)
+  assert 0 < cosine < 1 - 1e-3, (aggregator, n, k, cosine)
+
+
+@pytest.mark.parametrize("n,k", [(3, 2), (4, 3), (4, 2), (5, 3), (5, 2)])
+def test_normalized_pass_at_k_with_binary_rewards_is_right_in_direction_not_in_size(n, k):
+  """Binary rewards: weights that depend only on which samples are correct have an expectation
+  along grad P(correct), hence along grad pass@k, with a factor c(theta) > 0. With n - k = 1 only
+  groups with one correct sample have sigma > 0 (sigma_1 = sqrt(k (n-k)) / n), so c is the constant
+  ((n-k)/k) / sigma_1; with n - k >= 2 it changes with the policy: a bias between prompts."""
+  factors = []
+  for theta in (THETA, np.array([1.0, -0.5, 0.3, -0.2])):
+    estimate, gradient = _expected_and_target("pass_at_k", "normalized", n, k, "binary", theta)
+    c, residual = _parallel_factor(estimate, gradient)
+    assert residual < 1e-8 and c > 0
+    factors.append(c)
+  if n - k == 1:
+    np.testing.assert_allclose(factors, (n - k) / k / (math.sqrt(k * (n - k)) / n), rtol=1e-8)
+  else:
+    assert abs(factors[0] / factors[1] - 1) > 1e-3, factors
+
+
+@pytest.mark.parametrize("n,bandit", [(2, "distinct"), (3, "distinct"), (4, "distinct"),
+                                      (3, "tied"), (4, "tied"), (5, "three_actions")])
+def test_verl_grpo_passk_times_its_std_is_unbiased_for_pass_at_k(n, bandit):
+  """Before verl's division by torch.std(r) + eps it is Tang's leave-one-out: unbiased for
+  grad E[max of n]."""
+  undo = lambda rewards_n, answers_n: np.std(rewards_n, ddof=1) + 1e-6
+  estimate, gradient = _expected_and_target("pass_at_k", "verl_grpo_passk", n, n, bandit, THETA,
+                                            multiply=undo)
+  np.testing.assert_allclose(estimate, gradient, rtol=0, atol=1e-8)
+  assert np.abs(gradient).max() > 1e-3
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_verl_grpo_passk_bias(n):
+  """Rewards {0, 1}: only a group with one correct sample has a non-zero weight, and its std is
+  then 1/sqrt(n), so verl's estimator is exactly sqrt(n)/(1 + sqrt(n) eps) grad pass@n: unbiased
+  up to a constant. Rewards of more than two values: the std varies between the groups with a
+  non-zero weight and the expectation turns away from grad pass@n."""
+  estimate, gradient = _expected_and_target("pass_at_k", "verl_grpo_passk", n, n, "binary", THETA)
+  np.testing.assert_allclose(estimate, math.sqrt(n) / (1 + math.sqrt(n) * 1e-6) * gradient,
+                             rtol=0, atol=1e-8)
+  if n > 2:  # With two samples the std is |r_1 - r_2| / sqrt(2): the weight is a constant sign.
+    estimate, gradient = _expected_and_target("pass_at_k", "verl_grpo_passk", n, n, "distinct",
+                                              THETA)
+    cosine = estimate @ gradient / np.linalg.norm(estimate) / np.linalg.norm(gradient)
+    assert 0 < cosine < 1 - 1e-4, cosine
