@@ -5,9 +5,13 @@ Run: python -m ksjax.eval --config=configs/eval.py --config.checkpoint_dir=runs/
 
 `config.run` is the trainer config that says which task and model the checkpoints hold, and the
 mesh: by default the default CPU run's config (`ksjax.run.config.embedded_task_config`, which every
-CPU config in configs/ starts from); after the colon, the name of another config file in this directory. Its fields
-can be set like any other (`--config.run.model.dtype=bfloat16`, `--config.run.mesh=1,1,8`). The
-evaluation's own settings are the top-level fields below.
+CPU config in configs/ starts from); after the colon, the name of another config file in this
+directory. Its fields can be set like any other (`--config.run.model.dtype=bfloat16`,
+`--config.run.mesh=1,1,8`). The evaluation's own settings are the top-level fields below.
+
+Large-k diagnostics, e.g. pass@k and maj@k for k = 1, 2, 4, ..., 256 on the first 50 problems:
+  --config.num_prompts=50 --config.num_samples=256   (ks default to that ladder; with a large
+  model, lower batch_rows, the sampler's rows per call, to what the device holds)
 """
 
 import importlib.util
@@ -46,8 +50,11 @@ def get_config(train_config: str | None = None) -> ml_collections.ConfigDict:
 
   c.split = "test"  # the task split the problems come from
   c.num_prompts = config_dict.placeholder(int)  # the first N problems of the split; None: all
-  c.num_samples = 20  # n completions per problem (200 or more for pass@100)
-  c.ks = (1, 2, 5, 10, 20)  # pass@k and maj@k for each k <= num_samples
+  c.num_samples = 20  # n completions per problem (200 or more for pass@100; 256 or more for
+  # the large-k diagnostics, on a subset of problems via num_prompts)
+  # pass@k and maj@k for each k <= num_samples; None: the ladder 1, 2, 4, ..., num_samples
+  # (`ksjax.run.scoring.k_ladder`; e.g. 1, 2, 4, 8, 16, 20 for 20 samples).
+  c.ks = config_dict.placeholder(tuple)
   c.temperature = 1.0
   c.top_p = 1.0
   c.top_k = 0
@@ -56,6 +63,13 @@ def get_config(train_config: str | None = None) -> ml_collections.ConfigDict:
   # the tiny model (benchmarks/eval.py: 4 and 8 alike, 16 about 0.6x, 32 and 64 about 0.5x);
   # on an accelerator with a large model, raise it until the device is full.
   c.batch_prompts = 8
+  # At most this many sampler rows (problems x samples) per call: batch_prompts drops to the
+  # largest power of two <= batch_rows // num_samples (the sampler pads to powers of two) so that
+  # large n fits, e.g. to 4 at num_samples=512, or to 1 with --config.batch_rows=256 at 256. All
+  # n samples of a problem are drawn in one call, so num_samples > batch_rows is refused. The
+  # default leaves batch_prompts=8 alone up to n=256. None: no cap. (A mesh whose batch axes do
+  # not divide num_samples pads a call further: `ksjax.sampling.batching.bucket_prompt_batch`.)
+  c.batch_rows = 2048
   c.seed = 0
   c.breakdown = ("level", "subject")  # problem metadata fields to report separately
   c.output_dir = config_dict.placeholder(str)  # None: <run dir>/eval/<split>_n<n>_t<T>_p<p>

@@ -2,7 +2,8 @@
 (`python -m ksjax.eval`).
 
 "Evaluation" in ksjax means this: sampling n completions per held-out problem from a policy and
-estimating pass@k, maj@k and the mean reward (`ksjax.run.scoring`, with the estimators of
+estimating pass@k, maj@k (by default along the ladder k = 1, 2, 4, ..., n) and the mean reward,
+with how diverse each problem's final answers are (`ksjax.run.scoring`, with the estimators of
 `ksjax.objectives.estimates`). The trainer's own evaluation at the start and the end of a run
 (`ksjax.trainer.held_out`) runs the same function.
 

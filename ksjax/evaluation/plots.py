@@ -3,7 +3,8 @@
 The drawing functions take an Axes and plain sequences so that the eval binary (which saves
 PNGs next to its results) and experiments/analysis.ipynb (which lays out its own figures) draw
 the same curves the same way:
-  * pass_at_k_curve: pass@k (or maj@k) against k, k on a log axis, one line per checkpoint;
+  * pass_at_k_curve: pass@k (or maj@k) against k, k on a log axis, one line per checkpoint
+    (the eval binary's ks default to the ladder 1, 2, 4, ..., n, evenly spaced on that axis);
   * metric_vs_step: a metric against the training step;
   * metric_vs_kl: a metric against the KL to the reference policy (the paper's trade-off plot).
 """
@@ -27,9 +28,11 @@ METRICS_PNG = "metrics_vs_step.png"
 
 def pass_at_k_curve(ax, ks: Sequence[int], values: Sequence[float], label: str | None = None,
                     **style: Any) -> None:
+  """One curve; the k ticks are every k drawn on `ax` so far (curves may have different ks)."""
   ax.plot(list(ks), list(values), marker="o", label=label, **style)
   ax.set_xscale("log")
-  ax.set_xticks(list(ks), [str(k) for k in ks])
+  drawn = sorted({int(round(x)) for line in ax.get_lines() for x in line.get_xdata()})
+  ax.set_xticks(drawn, [str(k) for k in drawn])
   ax.minorticks_off()
   ax.set_xlabel("k")
   ax.set_ylim(-0.02, 1.02)
@@ -61,7 +64,8 @@ def save(fig: Figure, path: str) -> None:
 
 
 def pass_at_k_figure(records: Sequence[Mapping[str, Any]], path: str) -> None:
-  """pass@k and maj@k against k, one line per evaluated checkpoint."""
+  """pass@k and maj@k against k, one line per evaluated checkpoint (each with its own ks): the
+  large-k diagnostic, where training that sharpens the policy shows as curves that cross."""
   fig = Figure(figsize=(10, 4))
   left, right = fig.subplots(1, 2, sharey=True)
   for record in records:
@@ -79,8 +83,9 @@ def pass_at_k_figure(records: Sequence[Mapping[str, Any]], path: str) -> None:
 
 
 def metrics_figure(records: Sequence[Mapping[str, Any]], path: str) -> None:
-  """Each metric against the training step, one panel per metric."""
-  names = list(records[0]["metrics"])
+  """Each metric every record has against the training step, one panel per metric (the
+  diversity's included)."""
+  names = [m for m in records[0]["metrics"] if all(m in r["metrics"] for r in records)]
   cols = min(4, len(names))
   rows = -(-len(names) // cols)
   fig = Figure(figsize=(3.2 * cols, 2.6 * rows))

@@ -2,10 +2,12 @@
 
 One checkpoint's evaluation is a record (a JSON-ready dict):
   step, checkpoint, sampling (the settings the numbers depend on), ks, num_problems, seconds,
-  samples_per_second, metrics {"reward", "pass@k", "maj@k" for each k}, groups {"level=3": {...},
-  "subject=Algebra": {...}} with the same metrics per problem metadata value, and problems: per
-  problem its id, breakdown fields, num_correct and answer classes [[size, correct], ...], enough
-  to recompute pass@k and maj@k for any k <= n without sampling again.
+  samples_per_second, metrics {"reward", "pass@k", "maj@k" for each k, "distinct_answers",
+  "answer_entropy"}, groups {"level=3": {...}, "subject=Algebra": {...}} with the same metrics
+  per problem metadata value, and problems: per problem its id, breakdown fields, num_correct
+  and answer classes [[size, correct], ...], enough to recompute pass@k, maj@k and the diversity
+  for any k <= n without sampling again (`rescore`: a record made with other ks, or before the
+  diversity metrics existed, is brought up to date when it is reused).
 It is written as `step_<step>.json`; `results.json` and `results.csv` (one row per step and
 group) gather every record of the output directory, and `average_last<N>.json/.csv` the average
 of the last N. Every file is written to a temporary name and renamed, so a reader (or a run
@@ -57,15 +59,58 @@ def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: 
           "groups": groups, "problems": problems}
 
 
+def is_current(record: Mapping[str, Any], ks: Sequence[int]) -> bool:
+  """Whether `record` has every metric an evaluation with `ks` writes."""
+  return list(record["ks"]) == list(ks) and all(m in record["metrics"] for m in scoring.DIVERSITY)
+
+
+def rescore(record: Mapping[str, Any], ks: Sequence[int]) -> dict[str, Any]:
+  """`record` with pass@k and maj@k for `ks`, and the diversity, recomputed from its stored
+  problems (counts and answer classes), overall and per group; no sampling. The mean reward is
+  kept as recorded (the classes store correctness, not rewards, and it does not depend on k).
+  """
+  problems = record["problems"]
+  n = int(record["num_samples"])
+  if max(ks) > n:
+    raise ValueError(f"ks={tuple(ks)} needs more than the record's {n} samples per problem")
+  ids_gn = np.asarray([np.repeat(np.arange(len(classes)), [size for size, _ in classes])
+                       for classes in problems["classes"]], np.int32).reshape(-1, n)
+  correct_gn = np.asarray([np.repeat([bool(ok) for _, ok in classes],
+                                     [size for size, _ in classes])
+                           for classes in problems["classes"]], bool).reshape(-1, n)
+  values = scoring.per_problem(correct_gn, ids_gn, np.zeros(correct_gn.shape, np.float32), ks)
+  del values["reward"]
+  fields = [f for f in problems if f not in ("id", "num_correct", "classes")]
+  metadata = [{f: problems[f][i] for f in fields} for i in range(len(problems["id"]))]
+  groups = scoring.summarize(values, scoring.group_masks(metadata, fields))
+
+  def merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """new's numbers, with old's reward, in the order step_record writes them."""
+    return {"num_problems": new["num_problems"],
+            **({"reward": old["reward"]} if "reward" in old else {}),
+            **{m: v for m, v in new.items() if m != "num_problems"}}
+
+  everyone = merged(record["metrics"], groups.pop(scoring.ALL))
+  del everyone["num_problems"]
+  return {**record, "ks": list(ks), "metrics": everyone,
+          "groups": {g: merged(record["groups"].get(g, {}), v) for g, v in groups.items()}}
+
+
+def common_metrics(records: Sequence[Mapping[str, Any]]) -> list[str]:
+  """The metric names every record has, in the first record's order (records of other ks)."""
+  return [m for m in records[0]["metrics"] if all(m in r["metrics"] for r in records)]
+
+
 def average(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   """The mean of the records' metrics, overall and per group (the paper's average over the
-  last checkpoints)."""
-  names = list(records[0]["metrics"])
+  last checkpoints); a metric some record lacks is left out."""
+  names = common_metrics(records)
   groups = {}
   for group in records[0]["groups"]:
     present = [r["groups"][group] for r in records if group in r["groups"]]
     groups[group] = {"num_problems": present[0]["num_problems"],
-                     **{m: float(np.mean([g[m] for g in present])) for m in names}}
+                     **{m: float(np.mean([g[m] for g in present])) for m in names
+                        if all(m in g for g in present)}}
   return {"steps": [r["step"] for r in records], "sampling": records[0]["sampling"],
           "ks": records[0]["ks"],
           "metrics": {m: float(np.mean([r["metrics"][m] for r in records])) for m in names},

@@ -10,14 +10,20 @@ sample n completions per problem with the run layer's evaluation loop
 own held-out evaluation), estimate pass@k, maj@k and the mean reward
 (`ksjax.objectives.estimates`), and write the step's record, the summaries and
 the figures (results.py, plots.py). A checkpoint already evaluated with the same sampling
-settings is read back instead of evaluated again.
+settings is read back instead of evaluated again (its pass@k, maj@k and diversity recomputed from
+the stored answer classes if it was made with other ks).
+
+Many samples per problem (e.g. 256 for pass@k up to k = 256 on a subset of problems, with
+config.num_prompts): the sampler draws batch_prompts x num_samples rows per call, and
+settings.py lowers batch_prompts to fit config.batch_rows.
 
 Across hosts (`ksjax.distributed`): every process runs the binary with the same config, the
 mesh spans all of them, each scores its share of the problems, and process 0 writes the files.
 
 With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
 it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
-(keep_checkpoints), so one that disappears before it is read is skipped with a warning.
+(keep_checkpoints), so one that disappears before it is read is skipped with a warning, as is one
+that fails its checksums (`checkpoints.check_shapes`); outside watch mode that is bad input.
 """
 
 from __future__ import annotations
@@ -92,6 +98,11 @@ class Evaluator:
     if step in self.records:
       _say(f"step {step}: evaluated before with these settings "
            f"({results.STEP_FILE.format(step=step)}); reusing it")
+      if not results.is_current(self.records[step], self.settings.ks):
+        self.records[step] = results.rescore(self.records[step], self.settings.ks)
+        if distributed.is_writer():
+          results.save_step(self.output_dir, self.records[step])
+        self.save_summaries()
       return self.records[step]
     started = time.perf_counter()
     restored = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
@@ -139,8 +150,10 @@ class Evaluator:
 
 
 def headline(metrics: dict[str, float], ks: Sequence[int]) -> str:
-  return ", ".join(f"{name} {metrics[name]:.3f}"
-                   for name in ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks])
+  """One line of the numbers; a name the metrics lack (an average over records of other ks) is
+  left out."""
+  names = scoring.metric_names(ks) + list(scoring.DIVERSITY)
+  return ", ".join(f"{name} {metrics[name]:.3f}" for name in names if name in metrics)
 
 
 def select_prompts(task: Task, s: Settings) -> list[Prompt]:
@@ -194,7 +207,9 @@ def run(config: Any) -> None:
     if distributed.is_writer():
       os.makedirs(evaluator.output_dir, exist_ok=True)
     _say(f"evaluating {run_dir.steps_dir}: {len(evaluator.prompts)} {s.split} problems x "
-         f"{s.num_samples} samples (temperature {s.temperature}, top-p {s.top_p}), "
+         f"{s.num_samples} samples (temperature {s.temperature}, top-p {s.top_p}; "
+         f"{s.batch_prompts} problems per sampler call; pass@k for k = "
+         f"{', '.join(map(str, s.ks))}), "
          f"{evaluator.cfg.num_params:,} parameters on mesh {dict(evaluator.mesh.shape)}; results "
          f"in {evaluator.output_dir}")
     if s.watch:
@@ -229,6 +244,9 @@ def follow(evaluator: Evaluator, s: Settings, *, done: set[int],
       try:
         evaluator.check(step)
         evaluator.evaluate(step)
+      except checkpoints.ChecksumError as e:
+        # Damaged after it was written: the run's other checkpoints are still worth following.
+        print(f"warning: {e}; skipped", file=sys.stderr, flush=True)
       except (checkpoints.CheckpointInputError, OSError) as e:
         if os.path.isdir(evaluator.run.step_dir(step)):
           raise

@@ -3,8 +3,14 @@ written.
 
 `validate(config)` checks every top-level field and the trainer config in `config.run` (with
 `ksjax.run.spec.from_config`, so an evaluation accepts exactly the runs the trainer accepts), and
-returns the settings as a frozen dataclass, with the run's spec. A bad value is a `ConfigError` naming the field and
-what it accepts.
+returns the settings as a frozen dataclass, with the run's spec. A bad value is a `ConfigError`
+naming the field and what it accepts.
+
+Two settings are derived rather than copied: `ks` defaults to the ladder 1, 2, 4, ..., n
+(`scoring.k_ladder`), and `batch_prompts` is lowered to fit `batch_rows` sampler rows per call
+(n samples per problem, prompts padded to a power of two), so that asking for many samples needs
+no other change. The derived batch_prompts is the one recorded with the results: it decides each
+chunk's seed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ class Settings:
   top_p: float
   top_k: int
   max_new_tokens: int
-  batch_prompts: int
+  batch_prompts: int    # problems per sampler call, after batch_rows
+  batch_rows: int | None
   seed: int
   breakdown: tuple[str, ...]
   output_dir: str | None
@@ -91,7 +98,8 @@ def validate(config: Any) -> Settings:
   """Checks every field; raises ConfigError. `config.run` is checked by the trainer."""
   known = ("checkpoint_dir", "steps", "watch", "poll_interval_s", "idle_timeout_s", "split",
            "num_prompts", "num_samples", "ks", "temperature", "top_p", "top_k",
-           "max_new_tokens", "batch_prompts", "seed", "breakdown", "output_dir", "plots", "run")
+           "max_new_tokens", "batch_prompts", "batch_rows", "seed", "breakdown", "output_dir",
+           "plots", "run")
   for key in config.keys():
     if key not in known:
       raise ConfigError(f"config.{key} is not a field of the evaluation config; the fields are "
@@ -106,7 +114,7 @@ def validate(config: Any) -> Settings:
   poll = real(config, "poll_interval_s", lo=0.0, lo_open=True)
   idle = None if get(config, "idle_timeout_s") is None else real(config, "idle_timeout_s", lo=0.0)
   n = integer(config, "num_samples", lo=1)
-  ks = int_tuple(config, "ks", lo=1)
+  ks = scoring.k_ladder(n) if get(config, "ks") is None else int_tuple(config, "ks", lo=1)
   if max(ks) > n:
     raise ConfigError(f"config.ks={ks!r} is not accepted with config.num_samples={n}; expected "
                       f"every k <= num_samples (pass@{max(ks)} needs at least {max(ks)} samples "
@@ -121,6 +129,19 @@ def validate(config: Any) -> Settings:
   except ConfigError as e:
     raise ConfigError(str(e).replace("config.", "config.run.")) from None
   max_new = integer(config, "max_new_tokens", lo=1, allow_none=True)
+  batch_prompts = integer(config, "batch_prompts", lo=1)
+  batch_rows = integer(config, "batch_rows", lo=1, allow_none=True)
+  if batch_rows is not None:
+    if n > batch_rows:
+      raise ConfigError(
+          f"config.num_samples={n} is not accepted with config.batch_rows={batch_rows}; expected "
+          "num_samples <= batch_rows (a problem's samples are drawn in one sampler call): raise "
+          "batch_rows, or set it to None")
+    fit = batch_rows // n
+    # The sampler pads a call's prompts to a power of two (`ksjax.sampling.batching`), and the
+    # padding takes rows like real prompts, so the cap holds for the padded count.
+    if 1 << (batch_prompts - 1).bit_length() > fit:
+      batch_prompts = min(batch_prompts, 1 << (fit.bit_length() - 1))
   settings = Settings(
       checkpoint_dir=checkpoint_dir, steps=steps, watch=watch, poll_interval_s=poll,
       idle_timeout_s=idle, split=string(config, "split"),
@@ -129,7 +150,7 @@ def validate(config: Any) -> Settings:
       top_p=real(config, "top_p", lo=0.0, hi=1.0, lo_open=True),
       top_k=integer(config, "top_k", lo=0),
       max_new_tokens=run.held_out.max_new_tokens if max_new is None else max_new,
-      batch_prompts=integer(config, "batch_prompts", lo=1),
+      batch_prompts=batch_prompts, batch_rows=batch_rows,
       seed=integer(config, "seed", lo=0, hi=2**31 - 1), breakdown=tuple(breakdown),
       output_dir=string(config, "output_dir", allow_none=True), plots=boolean(config, "plots"),
       run=run)

@@ -6,8 +6,17 @@ lays its output out for the update; `evaluate` runs it over a split in chunks fo
 evaluation inside a run and for the eval binary.
 
 `per_problem` turns a problem's n outcomes into the numbers every report shows: the mean
-reward, and the unbiased pass@k and maj@k (`ksjax.objectives.estimates`) for each k.
-`summarize` averages them over groups of problems ("all", "level=3", "subject=Algebra").
+reward, the unbiased pass@k and maj@k (`ksjax.objectives.estimates`) for each k, and how diverse
+the problem's final answers are (`diversity`). `summarize` averages them over groups of problems
+("all", "level=3", "subject=Algebra"). `k_ladder(n)` is the default set of ks, 1, 2, 4, ... and n,
+which shows how pass@k grows with the sample budget (the large-k diagnostic: a policy that
+sharpens onto one answer gains pass@1 but flattens the ladder).
+
+Diversity is measured on the answer classes the task's scoring gives (`GroupScore.answer_ids`),
+the same classes majority voting counts, so equal answers (mathematically equal, for math) are
+one answer. Completions without an extractable answer all share one class ("none"): they count as
+one distinct answer and one outcome of the entropy, as they are one candidate of the vote. (Math
+answers whose equivalence check crashed or timed out are each a class of their own there, too.)
 """
 
 from __future__ import annotations
@@ -94,21 +103,58 @@ def evaluate(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *, seed: 
                   np.concatenate(rewards))
 
 
+DISTINCT_ANSWERS = "distinct_answers"
+ANSWER_ENTROPY = "answer_entropy"
+DIVERSITY = (DISTINCT_ANSWERS, ANSWER_ENTROPY)
+
+
+def k_ladder(n: int) -> tuple[int, ...]:
+  """1, 2, 4, ... up to n, and n itself: the ks of pass@k against k on a log axis. n closes the
+  ladder (pass@n, "solved by any sample", is the ceiling the smaller ks approach)."""
+  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    raise ValueError(f"n={n!r} is not accepted; expected the samples per problem, an integer >= 1")
+  ks = [1 << i for i in range(int(n).bit_length()) if 1 << i <= n]
+  return tuple(ks if ks[-1] == n else ks + [int(n)])
+
+
 def metric_names(ks: Sequence[int]) -> list[str]:
   return ["reward"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
+
+
+def diversity(answer_ids_gn: np.ndarray) -> dict[str, np.ndarray]:
+  """How spread out each problem's n final answers are, float64 [G] each:
+  "distinct_answers", the number of answer classes among the n samples (1 = every sample gave
+  the same answer), and "answer_entropy", the entropy in nats of the empirical distribution of
+  the classes, -sum_j (c_j / n) log(c_j / n) (0 = one answer; log n = n different ones).
+
+  Both are plug-in statistics of the n samples, not estimates of the policy's answer
+  distribution: they grow with n, so compare them at equal n. Unanswered samples are one class
+  (module docstring)."""
+  ids_gn = np.asarray(answer_ids_gn)
+  if ids_gn.ndim != 2 or ids_gn.shape[1] < 1:
+    raise ValueError(f"answer_ids of shape {ids_gn.shape} is not accepted; expected [G, n], n >= 1")
+  distinct, entropy = [], []
+  for ids in ids_gn:
+    _, counts = np.unique(ids, return_counts=True)
+    p = counts / counts.sum()
+    distinct.append(len(counts))
+    entropy.append(float(-(p * np.log(p)).sum()) + 0.0)  # + 0.0: no -0.0 for one class
+  return {DISTINCT_ANSWERS: np.asarray(distinct, np.float64),
+          ANSWER_ENTROPY: np.asarray(entropy, np.float64)}
 
 
 def per_problem(correct_gn: np.ndarray, answer_ids_gn: np.ndarray, rewards_gn: np.ndarray,
                 ks: Sequence[int]) -> dict[str, np.ndarray]:
   """Each metric's estimate per problem, float64 [G], from n samples per problem ([G, n]):
-  "reward" (the mean), "pass@k" and "maj@k" for each k."""
+  "reward" (the mean), "pass@k" and "maj@k" for each k, and the two `diversity` statistics."""
   n = correct_gn.shape[1]
   num_correct_g = correct_gn.sum(axis=1)
   out = {"reward": estimates.mean_reward(rewards_gn)}
-  for k in ks:
-    out[f"pass@{k}"] = estimates.pass_at_k(num_correct_g, n, k)
+  for k, values in estimates.pass_at_ks(num_correct_g, n, ks).items():
+    out[f"pass@{k}"] = values
   for k in ks:
     out[f"maj@{k}"] = estimates.maj_at_k(answer_ids_gn, correct_gn, k)
+  out.update(diversity(answer_ids_gn))
   return out
 
 

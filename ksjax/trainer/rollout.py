@@ -71,18 +71,31 @@ def layout(prompts: Sequence[Prompt], scored: scoring.Scored) -> Rollout:
 
 
 def batch_metrics(rollout: Rollout, k: int) -> dict[str, float]:
-  """What the step's samples say: mean reward, the unbiased pass@k and maj@k of the batch,
-  completion lengths, and per level."""
-  ks = sorted({1, k})
+  """What the step's samples say: mean reward, the unbiased pass@k and maj@k of the batch, how
+  diverse each prompt's answers are, completion lengths, and per level.
+
+  Besides the objective's k ("batch/pass_at_k"), pass@k and maj@k are logged along the ladder
+  k = 1, 2, 4, ..., n ("batch/pass_at_4", "batch/maj_at_4"): a policy that concentrates on one
+  answer shows it as pass@1 rising while pass@n and "diversity/*" fall, which pass@k at the
+  trained k alone can hide. The ladder and diversity are means over the step's B prompts, so
+  they are noisy per step; the per-level breakdown ("level3/...") leaves the ladder out.
+  """
+  ladder = scoring.k_ladder(rollout.num_samples)
+  ks = sorted({1, k, *ladder})
   values = scoring.per_problem(rollout.correct_bn, rollout.answer_ids_bn, rollout.rewards_bn, ks)
   names = {"reward": "reward/mean", "pass@1": "batch/pass_at_1", f"pass@{k}": "batch/pass_at_k",
-           f"maj@{k}": "batch/maj_at_k"}
+           f"maj@{k}": "batch/maj_at_k",
+           **{name: f"diversity/{name}" for name in scoring.DIVERSITY}}
+  ladder_names = {**{f"pass@{j}": f"batch/pass_at_{j}" for j in ladder},
+                  **{f"maj@{j}": f"batch/maj_at_{j}" for j in ladder}}
   masks = scoring.group_masks([p.metadata for p in rollout.prompts], ("level",))
   out = {}
   for group, means in scoring.summarize(values, masks).items():
-    for key, name in names.items():  # per level: "level3/pass_at_k"
+    for key, name in names.items():  # per level: "level3/pass_at_k", "level3/answer_entropy"
       out[name if group == scoring.ALL else
           f"{group.replace('=', '')}/{name.split('/')[-1]}"] = means[key]
+    if group == scoring.ALL:
+      out.update({name: means[key] for key, name in ladder_names.items()})
   lengths_r = rollout.completion_mask_rt.sum(1)
   out["completion/length_mean"] = float(lengths_r.mean())
   out["completion/unfinished_fraction"] = float(1.0 - rollout.finished_r.mean())
