@@ -26,7 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = "synthetic"  # which task trains; see ksjax.tasks.registry
   c.workdir = "runs/pass_at_k"
   c.seed = 0
-  c.resume = False  # continue the run in workdir from its newest readable checkpoint
+  # Continue the run in workdir from its newest readable checkpoint whose files match its
+  # checksum manifest (a damaged one is moved aside with a warning, the previous one used). With
+  # no checkpoint in workdir, a fresh run starts there and says so in one line.
+  c.resume = False
 
   # --- the task (ksjax.tasks.registry) -------------------------------------------------------
   c.correct_reward = 1.0
@@ -80,14 +83,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.temperature = 1.0
   c.top_p = 1.0
   c.top_k = 0
+  # Dynamic sampling (ksjax.trainer.dynamic): a step samples rounds of batch_prompts prompts until
+  # it holds batch_prompts groups whose k-sample weights are not all zero (the others are dropped
+  # before the reference forward and the update), or dynamic_max_rounds rounds are done; then it
+  # updates on the groups it has (none: no update that step). Off: one round, every group.
+  c.dynamic_sampling = False
+  c.dynamic_max_rounds = 4  # >= 1; 1 only drops the zero-weight groups of the one round
 
   # --- the k-sample objective and its estimator (same names as configs/bandit.py) -------------
   c.aggregator = "pass_at_k"  # mean | pass_at_k | majority_vote | softmax
-  c.baseline = "loo"  # none | loo | loo_demeaned | leave_p_out
+  c.baseline = "loo"  # none | loo | loo_demeaned | leave_p_out | normalized | verl_grpo_passk
   c.k = 4
   c.p = 1  # leave_p_out only
   c.beta = 1.0  # softmax only
   c.scale = "none"  # none | group_std
+  # Annealing k over training (PKPO; ksjax.objectives.k_at_step): none | linear | step. The
+  # trainer computes step s's advantages (s = RL steps done) with that step's k and logs it
+  # (objective/k); the batch metrics stay at config.k.
+  c.k_schedule = "none"
+  c.k_start = config_dict.placeholder(int)  # k at step 0 of a linear/step schedule; None: none
+  c.k_schedule_steps = 0  # linear: k is reached at this step; step: k from this step on
 
   # --- the policy-gradient stack --------------------------------------------------------------
   c.algorithm = "pg"  # pg | ppo | grpo | dr_grpo

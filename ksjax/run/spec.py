@@ -222,6 +222,10 @@ class SamplingSpec(_Spec):
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  # Dynamic sampling (`ksjax.trainer.dynamic`): resample rounds of batch_prompts prompts until
+  # batch_prompts groups with a non-zero k-sample weight are kept, at most this many rounds.
+  dynamic_sampling: bool = False
+  dynamic_max_rounds: int = 4
 
   def __post_init__(self):
     c = self._view()
@@ -231,6 +235,8 @@ class SamplingSpec(_Spec):
     cv.real(c, "temperature", lo=0.0, lo_open=True)
     cv.real(c, "top_p", lo=0.0, hi=1.0, lo_open=True)
     cv.integer(c, "top_k", lo=0)
+    cv.boolean(c, "dynamic_sampling")
+    cv.integer(c, "dynamic_max_rounds", lo=1)
 
   @property
   def rows(self) -> int:
@@ -240,40 +246,74 @@ class SamplingSpec(_Spec):
 
 @dataclasses.dataclass(frozen=True)
 class EstimatorSpec(_Spec):
-  """The k-sample objective and its estimator (same names as `ksjax.objectives`)."""
+  """The k-sample objective and its estimator (same names as `ksjax.objectives`), and the
+  schedule of k over training (`ksjax.objectives.k_at_step`; "none": k throughout)."""
   aggregator: str = "pass_at_k"
   baseline: str = "loo"
   k: int = 4
   p: int = 1          # leave_p_out only
   beta: float = 1.0   # softmax only
   scale: str = "none"
+  k_schedule: str = "none"
+  k_start: int | None = None   # k at step 0 of a linear/step schedule
+  k_schedule_steps: int = 0    # linear: k reached at this step; step: k from this step on
 
   def __post_init__(self):
     c = self._view()
     cv.integer(c, "k", lo=1)
     cv.choice(c, "aggregator", objectives.AGGREGATORS)
-    cv.choice(c, "baseline", objectives.BASELINES)
+    cv.choice(c, "baseline", objectives.ALL_BASELINES)
     cv.choice(c, "scale", objectives.SCALES)
     cv.integer(c, "p", lo=1)
     cv.real(c, "beta")
+    cv.choice(c, "k_schedule", objectives.K_SCHEDULES)
+    cv.integer(c, "k_start", lo=1, allow_none=True)
+    cv.integer(c, "k_schedule_steps", lo=0)
+    try:
+      objectives.k_at_step(0, k=self.k, schedule=self.k_schedule, k_start=self.k_start,
+                           steps=self.k_schedule_steps)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
+
+  def k_at(self, step: int) -> int:
+    """The k of the objective at `step` (0-based count of updates done)."""
+    return objectives.k_at_step(step, k=self.k, schedule=self.k_schedule, k_start=self.k_start,
+                                steps=self.k_schedule_steps)
+
+  def scheduled_ks(self) -> tuple[int, ...]:
+    """Every k the schedule takes, ascending (k alone without a schedule)."""
+    if self.k_schedule == "none":
+      return (self.k,)
+    low, high = sorted((self.k, self.k_start))
+    if self.k_schedule == "linear" and self.k_schedule_steps >= high - low:
+      return tuple(range(low, high + 1))  # steps of at most 1, rounded: every integer between
+    return tuple(sorted({self.k_at(step) for step in range(self.k_schedule_steps + 1)}))
 
   def check_with(self, n: int) -> None:
-    """What the objective library accepts for groups of n completions (ConfigError if not)."""
-    if self.k > n:
-      raise ConfigError(f"config.k={self.k} is not accepted with config.n={n}; expected k <= n "
-                        "(the objective's k samples come from the n completions of a prompt)")
-    try:
-      self.advantages(np.linspace(-1.0, 1.0, n, dtype=np.float32)[None],
-                      np.arange(n, dtype=np.int32)[None])
-    except ValueError as e:
-      raise ConfigError(f"config.{e} (with aggregator={self.aggregator!r}, "
-                        f"baseline={self.baseline!r}, k={self.k}, n={n})") from None
+    """What the objective library accepts for groups of n completions (ConfigError if not), for
+    every k the schedule takes: the enumerated aggregators' subset limits are not monotone in k."""
+    for field, k in (("k", self.k), ("k_start", self.k_start)):
+      if k is not None and k > n:
+        raise ConfigError(f"config.{field}={k} is not accepted with config.n={n}; expected k <= n "
+                          "(the objective's k samples come from the n completions of a prompt)")
+    for k in self.scheduled_ks():
+      try:
+        self.advantages(np.linspace(-1.0, 1.0, n, dtype=np.float32)[None],
+                        np.arange(n, dtype=np.int32)[None], k=k)
+      except ValueError as e:
+        origin = "" if k == self.k else (
+            f" taken by config.k_schedule={self.k_schedule!r} from k_start={self.k_start}")
+        raise ConfigError(f"config.{e} (with aggregator={self.aggregator!r}, "
+                          f"baseline={self.baseline!r}, k={k}{origin}, n={n})") from None
 
-  def advantages(self, rewards_bn: np.ndarray, answer_ids_bn: np.ndarray) -> np.ndarray:
-    """The k-sample weights of `ksjax.objectives`, float32 [B, n]."""
+  def advantages(self, rewards_bn: np.ndarray, answer_ids_bn: np.ndarray,
+                 k: int | None = None) -> np.ndarray:
+    """The k-sample weights of `ksjax.objectives`, float32 [B, n]; k: `self.k` unless given
+    (a schedule's `k_at(step)`)."""
     return np.asarray(objectives.k_sample_advantages(
-        rewards_bn, aggregator=self.aggregator, baseline=self.baseline, k=self.k, p=self.p,
-        beta=self.beta, scale=self.scale, answer_ids=answer_ids_bn), np.float32)
+        rewards_bn, aggregator=self.aggregator, baseline=self.baseline,
+        k=self.k if k is None else k, p=self.p, beta=self.beta, scale=self.scale,
+        answer_ids=answer_ids_bn), np.float32)
 
 
 @dataclasses.dataclass(frozen=True)

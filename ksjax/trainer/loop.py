@@ -6,6 +6,9 @@ The paper's Algorithm 1, step by step:
         the rewards [B, n] become k-sample weights with `ksjax.objectives.k_sample_advantages`
         (aggregator, baseline, k, p, beta, scale from the config);
   (iii) optimizer steps on those completions (`learner.learn`: plain PG, PPO, GRPO, Dr. GRPO).
+With config.dynamic_sampling, (i)-(ii) repeat in rounds until B groups (prompts) with a non-zero
+k-sample weight are held or config.dynamic_max_rounds is reached, and only those groups go on to
+the reference forward and (iii) (`ksjax.trainer.dynamic`, which says what is logged and why).
 
 Around it: the model comes from a preset, a Hugging Face directory or an Orbax checkpoint; an
 optional supervised warm-up on reference solutions makes the start policy, which is saved as
@@ -23,6 +26,7 @@ The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import time
@@ -40,7 +44,7 @@ from ksjax.run import checkpoints, policy, spec as spec_lib
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory
 from ksjax.run.spec import TrainSpec
-from ksjax.trainer import held_out, learner, memory_plan, metrics, rollout, warmup
+from ksjax.trainer import dynamic, held_out, learner, memory_plan, metrics, rollout, warmup
 from ksjax.trainer import update as update_lib
 
 
@@ -118,36 +122,46 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   s, e = spec.sampling, spec.estimator
   _say(f"training: {spec.run.num_steps} steps of {s.batch_prompts} prompts x {s.n} "
        f"completions, {spec.loss.algorithm} with {e.aggregator}/{e.baseline} "
-       f"(k={e.k}), sparse updates {'on' if spec.loss.use_sparse else 'off'}")
+       f"(k={e.k}), sparse updates {'on' if spec.loss.use_sparse else 'off'}"
+       + (f", dynamic sampling (at most {s.dynamic_max_rounds} rounds)"
+          if s.dynamic_sampling else ""))
   writer = metrics.MetricsWriter(run_dir, resume_step=step if resumed else None)
   bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
   compiles = metrics.CompileCounter()
+  # Dynamic sampling pads the kept groups to whole mini-batches over the batch shards.
+  group_multiple = dynamic.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
   try:
     while step < spec.run.num_steps:
       timer = Timer()
-      prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
       state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
-      timer.lap("time/other")
-      batch = rollout.collect(nnx.merge(graphdef, state.params), task, prompts, s,
-                              seed=int(jax.random.randint(sample_key, (), 0, 2**31 - 1)),
-                              mesh=mesh, sampled=lambda: timer.lap("time/sampling"))
-      timer.lap("time/reward")
-      advantage_bn = e.advantages(batch.rewards_bn, batch.answer_ids_bn)
+      k_now = e.k_at(step)  # config.k_schedule: the k this step optimises
+      draw = functools.partial(_sample_round, spec, nnx.merge(graphdef, state.params), task,
+                               data_iterator, sample_key=sample_key, k=k_now, mesh=mesh,
+                               timer=timer)
+      # Off: one round, every group. On: rounds until B groups with signal (`trainer.dynamic`).
+      drawn = dynamic.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
+                                max_rounds=s.dynamic_max_rounds, multiple=group_multiple)
+      batch = drawn.update
       ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
-      if spec.loss.reference_at(step + 1, spec.run.num_steps):
-        ref_logp_rt = learner.forward_rows(updater, ref_params, batch, np.arange(s.rows),
+      if len(drawn.kept) and spec.loss.reference_at(step + 1, spec.run.num_steps):
+        ref_logp_rt = learner.forward_rows(updater, ref_params, batch,
+                                           np.arange(len(drawn.update_advantage_r)),
                                            spec.loss.micro_batch_size)["logp"]
       timer.lap("time/reference")
-      state, update_metrics = learner.learn(updater, state, batch, advantage_bn.reshape(-1),
-                                            np.asarray(order_key), ref_logp_rt)
+      # No group with signal (dynamic sampling at its cap): no optimizer step at all.
+      update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0}
+      if len(drawn.kept):
+        state, update_metrics = learner.learn(updater, state, batch, drawn.update_advantage_r,
+                                              np.asarray(order_key), ref_logp_rt)
       jax.block_until_ready(state.step)
       timer.lap("time/update")
       step += 1
-      scalars = _step_scalars(spec, batch, advantage_bn, ref_logp_rt, update_metrics, timer)
+      scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer)
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
       scalars.update(compiles.take())
+      scalars["objective/k"] = float(k_now)
       if step % spec.run.log_every == 0 or step == spec.run.num_steps:
         writer.write(step, scalars)
       bar.update(scalars)
@@ -178,6 +192,14 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   restored = None
   if spec.run.resume:
     restored = checkpointer.restore_latest(updater.abstract_state(params), data_iterator)
+    if restored is None:
+      # Starting fresh is what a resubmitted job wants on its first attempt, but not silently:
+      # a mistyped workdir would otherwise look like a resumed run.
+      _say(f"resume=True: {run_dir.workdir} holds no checkpoint; starting a fresh run")
+  # The inputs are read: library log lines are no longer held back (`ksjax.errors`; imported
+  # here to keep this change within this function).
+  from ksjax import errors  # pylint: disable=g-import-not-at-top
+  errors.inputs_read()
   if restored is not None:
     step, state, saved_config = restored
     _say(f"resumed from step {step} in {checkpointer.directory}")
@@ -216,35 +238,61 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 
-def _step_scalars(spec: TrainSpec, batch: rollout.Rollout, advantage_bn: np.ndarray,
-                  ref_logp_rt: np.ndarray | None, update_metrics: dict[str, float],
-                  timer: Timer) -> dict[str, float]:
-  """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed."""
-  scalars = {**rollout.batch_metrics(batch, spec.estimator.k), **update_metrics,
-             **_kl_metrics(batch, ref_logp_rt), **timer.seconds}
+def _sample_round(spec: TrainSpec, sampler, task, data_iterator, round_index: int, *,
+                  sample_key: jax.Array, k: int, mesh, timer: Timer):
+  """One round of a step's sampling: B prompts from the stream, n completions of each from
+  `sampler` with the round's seed (`dynamic.round_seed`), and their k-sample weights [B, n]."""
+  prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
+  timer.lap("time/other")
+  batch = rollout.collect(sampler, task, prompts, spec.sampling,
+                          seed=dynamic.round_seed(sample_key, round_index), mesh=mesh,
+                          sampled=lambda: timer.lap("time/sampling"))
+  timer.lap("time/reward")
+  return batch, spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn, k=k)
+
+
+def _step_scalars(spec: TrainSpec, drawn: dynamic.Drawn, ref_logp_rt: np.ndarray | None,
+                  update_metrics: dict[str, float], timer: Timer) -> dict[str, float]:
+  """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed.
+
+  The batch's scores, advantages, entropy and generated tokens are those of every sampled group
+  (what the policy does); with dynamic sampling the KL (from the reference forward) and the update
+  describe the kept groups only, and dynamic/* says how many rounds it took to find them."""
+  sampled, advantage_bn = drawn.sampled, drawn.advantage_bn
+  if ref_logp_rt is not None:
+    ref_logp_rt = ref_logp_rt[:drawn.kept_rows]  # the kept rows lead; padding rows follow
+  scalars = {**rollout.batch_metrics(sampled, spec.estimator.k), **update_metrics,
+             **_kl_metrics(sampled, drawn.update, ref_logp_rt), **timer.seconds}
+  if spec.sampling.dynamic_sampling:
+    scalars.update(drawn.metrics())
   scalars["advantage/nonzero_fraction"] = float(np.mean(advantage_bn != 0))
   scalars["advantage/abs_mean"] = float(np.mean(np.abs(advantage_bn)))
   total = sum(timer.seconds.values())
-  generated = float(batch.completion_mask_rt.sum())
+  generated = float(sampled.completion_mask_rt.sum())
   scalars["time/step"] = total
   scalars["throughput/tokens_per_s"] = generated / max(total, 1e-9)
   scalars["throughput/sample_tokens_per_s"] = generated / max(timer.seconds["time/sampling"], 1e-9)
-  trained = float(batch.attention_mask_rt.sum()) * update_metrics["update/rows_fraction"]
+  trained = float(drawn.update.attention_mask_rt.sum()) * update_metrics["update/rows_fraction"]
   scalars["throughput/update_tokens_per_s"] = trained / max(timer.seconds["time/update"], 1e-9)
   return scalars
 
 
-def _kl_metrics(batch: rollout.Rollout, ref_logp_rt: np.ndarray | None) -> dict[str, float]:
+def _kl_metrics(batch: rollout.Rollout, referenced: rollout.Rollout,
+                ref_logp_rt: np.ndarray | None) -> dict[str, float]:
   """KL(pi, pi_ref) of the sampling policy, per completion (summed over its tokens) and averaged
   over completions, from the sampled tokens: k1 and k3 estimators with the sampler's log-probs as
   log pi (the learner's own before this step's update; with top-p/top-k, of the truncated
-  distribution that sampled), on the steps that ran the reference (`LossSpec.reference_at`);
-  and, every step, the per-token entropy estimate -mean log pi(y_t)."""
+  distribution that sampled), on the steps that ran the reference (`LossSpec.reference_at`), over
+  the first len(ref_logp_rt) rows of `referenced` (the completions the reference read: `batch`'s
+  without dynamic sampling, the kept groups' with it); and, every step, the per-token entropy
+  estimate -mean log pi(y_t) over all of `batch`."""
   mask_rt = batch.completion_mask_rt
   logp_rt = batch.behaviour_logp_rt
   entropy = {"entropy/per_token": float(-logp_rt[mask_rt].mean()) if mask_rt.any() else 0.0}
   if ref_logp_rt is None:
     return entropy
+  mask_rt = referenced.completion_mask_rt[:len(ref_logp_rt)]
+  logp_rt = referenced.behaviour_logp_rt[:len(ref_logp_rt)]
   log_ratio_rt = np.where(mask_rt, ref_logp_rt - logp_rt, 0.0)
   k1_r = (-log_ratio_rt).sum(1)
   k3_r = np.where(mask_rt, np.expm1(log_ratio_rt) - log_ratio_rt, 0.0).sum(1)

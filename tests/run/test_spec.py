@@ -57,6 +57,9 @@ def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
     (spec_lib.OptimizerSpec, "learning_rate", "config.learning_rate", 0.0),
     (spec_lib.SamplingSpec, "top_p", "config.top_p", 0.0),
     (spec_lib.EstimatorSpec, "baseline", "config.baseline", "median"),
+    (spec_lib.EstimatorSpec, "k_schedule", "config.k_schedule", "cosine"),
+    (spec_lib.EstimatorSpec, "k_start", "config.k_start", 0),
+    (spec_lib.EstimatorSpec, "k_schedule_steps", "config.k_schedule_steps", -1),
     (spec_lib.WarmupSpec, "batch_size", "config.sft_warmup.batch_size", 0),
     (spec_lib.HeldOutSpec, "ks", "config.eval.ks", (1, 64)),
     (spec_lib.RunSpec, "mesh", "config.mesh", (0, 1, 1)),
@@ -89,6 +92,49 @@ def test_combinations_are_checked_by_the_whole_spec():
   config.task = "math"
   with pytest.raises(ConfigError, match="config.init_hf is missing"):
     spec_lib.from_config(config)
+
+
+def test_comparison_baselines_are_named_and_checked_against_the_group_size():
+  spec_lib.EstimatorSpec(baseline="normalized").check_with(8)
+  spec_lib.EstimatorSpec(baseline="verl_grpo_passk").check_with(4)
+  with pytest.raises(ConfigError, match=r"^config\.k=4 is not accepted with "
+                                        r"baseline='normalized' and n=4; expected k < n") as error:
+    spec_lib.EstimatorSpec(baseline="normalized").check_with(4)
+  assert "\n" not in str(error.value)
+  with pytest.raises(ConfigError, match=r"^config\.aggregator='mean' is not accepted with "
+                                        r"baseline='verl_grpo_passk'"):
+    spec_lib.EstimatorSpec(aggregator="mean", baseline="verl_grpo_passk").check_with(4)
+  config = run_config.embedded_task_config()
+  config.baseline, config.n = "normalized", 8
+  assert spec_lib.from_config(config).estimator.baseline == "normalized"
+
+
+def test_the_k_schedule_is_checked_at_every_k_it_takes():
+  spec = spec_lib.EstimatorSpec(k=2, k_schedule="linear", k_start=8, k_schedule_steps=6)
+  assert [spec.k_at(step) for step in range(8)] == [8, 7, 6, 5, 4, 3, 2, 2]
+  assert spec.scheduled_ks() == (2, 3, 4, 5, 6, 7, 8)
+  assert spec_lib.EstimatorSpec(k=3).scheduled_ks() == (3,)
+  spec.check_with(8)
+  with pytest.raises(ConfigError, match=r"^config\.k_start=8 is not accepted with config\.n=4"):
+    spec.check_with(4)
+  with pytest.raises(ConfigError, match=r"^config\.k_start=8 is not accepted with "
+                                        r"k_schedule='none'"):
+    spec_lib.EstimatorSpec(k_start=8)
+  with pytest.raises(ConfigError, match=r"^config\.k_schedule_steps=0 is not accepted with "
+                                        r"k_schedule='step'"):
+    spec_lib.EstimatorSpec(k_schedule="step", k_start=8)
+  # k = 1, 10, 18 of 18 samples: C(18, 10) softmax subsets exceed the enumeration limit.
+  middle = spec_lib.EstimatorSpec(aggregator="softmax", baseline="none", k=18, k_schedule="linear",
+                                  k_start=1, k_schedule_steps=2)
+  with pytest.raises(ConfigError, match=r"C\(18, 10\) = 43758 exceeds .*k=10 taken by "
+                                        r"config\.k_schedule='linear' from k_start=1, n=18\)$"):
+    middle.check_with(18)
+
+
+def test_a_run_accepts_a_k_schedule():
+  config = run_config.embedded_task_config()
+  config.k_schedule, config.k_start, config.k_schedule_steps, config.n = "linear", 8, 10, 8
+  assert spec_lib.from_config(config).estimator.k_at(0) == 8
 
 
 def test_sparse_updates_are_decided_in_one_place():

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: `from tests.support import REPO, FIXTURES` and the modules
-`tests.support.eval_run` (a tiny trained run and its evaluation), `tests.support.dataset_files`
+`tests.support.eval_run` (a tiny trained run and its evaluation), `tests.support.resume` (the
+kill -9 and resume check), `tests.support.dataset_files`
 (small files in the published dataset formats) and `tests.support.objectives_naive` (literal
 loop definitions of the k-sample objectives)."""
 

@@ -3,10 +3,8 @@ and a bad config failing with exit code 2 before anything is written."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import grain
 import jax
@@ -22,6 +20,7 @@ from ksjax.run.directory import RunDirectory
 from ksjax.trainer import metrics
 from ksjax.trainer import loop
 from tests import support
+from tests.support import resume
 
 REPO = str(support.REPO)
 TINY = {
@@ -59,29 +58,7 @@ def _final_params(workdir):
 
 def test_killed_and_resumed_run_ends_with_the_same_parameters_bitwise(tmp_path):
   steps = 8
-  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-  run_straight = subprocess.Popen(_main(straight, num_steps=steps), cwd=REPO, env=_env(),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  run_killed = subprocess.Popen(_main(killed, num_steps=steps), cwd=REPO, env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  checkpoints = os.path.join(killed, "checkpoints")
-  deadline = time.time() + 600
-  while time.time() < deadline and run_killed.poll() is None:
-    if os.path.isdir(checkpoints) and any(d.isdigit() and int(d) >= 2
-                                          for d in os.listdir(checkpoints)):
-      break
-    time.sleep(0.02)
-  assert run_killed.poll() is None, "the run ended before it could be killed"
-  run_killed.send_signal(signal.SIGKILL)
-  run_killed.wait()
-  assert not os.path.isdir(os.path.join(killed, "final"))
-  resumed = subprocess.run(_main(killed, num_steps=steps, resume=True), cwd=REPO, env=_env(),
-                           capture_output=True, text=True, timeout=600)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "resumed from step" in resumed.stdout
-  _, err = run_straight.communicate(timeout=600)
-  assert run_straight.returncode == 0, err[-3000:]
-
+  straight, killed = resume.straight_and_killed(_main, tmp_path, steps, _env())
   a, b = _final_params(straight), _final_params(killed)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
@@ -122,6 +99,14 @@ def test_the_kl_metrics_follow_kl_every_and_compilations_are_counted(tmp_path):
   assert all("entropy/per_token" in line for line in lines)
   assert lines[0]["compile/count"] > 0 and lines[0]["compile/seconds"] > 0
   assert lines[-1]["compile/count"] == 0  # one update shape (TINY): nothing compiles again
+
+
+def test_each_step_optimises_the_k_of_the_schedule(tmp_path):
+  workdir = tmp_path / "run"
+  loop.run(_tiny_config(workdir, num_steps=3, k_schedule="linear", k_start=2,
+                        k_schedule_steps=2))
+  lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)
+  assert [line["objective/k"] for line in lines] == [2.0, 3.0, 4.0]
 
 
 def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_path, capsys):
