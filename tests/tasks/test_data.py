@@ -243,5 +243,6 @@ def test_command_line_reports_missing_files_in_one_line(tmp_path):
   missing = subprocess.run([sys.executable, "-m", "ksjax.tasks.data", "--dataset=harp",
                             f"--data_dir={tmp_path}", f"--manual_dir={tmp_path}"],
                            capture_output=True, text=True, timeout=120)
-  assert missing.returncode == 1
-  assert f"{tmp_path / 'HARP.jsonl'} does not exist" in missing.stderr.splitlines()[-1]
+  assert missing.returncode == 2  # bad input: one line, exit 2 (ksjax/errors.py)
+  lines = [line for line in missing.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and f"{tmp_path / 'HARP.jsonl'} does not exist" in lines[0], lines
