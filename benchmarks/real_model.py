@@ -49,7 +49,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ksjax import model, sampling  # pylint: disable=wrong-import-position
-from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
+from ksjax.sampling import batching  # pylint: disable=wrong-import-position
+from decoding import decode_program, random_prompts  # pylint: disable=wrong-import-position
 
 # ---------------------------------------------------------------------------------------------
 # Compilation counter
@@ -87,11 +88,6 @@ def fastest(fns: dict, repeats: int) -> dict[str, float]:
   return best
 
 
-def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
-  rng = np.random.RandomState(seed)
-  return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
-
-
 def jax_threads() -> int:
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
@@ -99,26 +95,6 @@ def jax_threads() -> int:
 # ---------------------------------------------------------------------------------------------
 # Sampling
 # ---------------------------------------------------------------------------------------------
-
-def decode_program(llama, prompts, num_samples: int, new_tokens: int):
-  """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds."""
-  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
-  batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
-                               num_samples, 1, cfg.pad_id)
-  shapes = sampler.Shapes(batch.tokens_pt.shape[0], num_samples, batch.tokens_pt.shape[1])
-  graphdef, params = nnx.split(llama)
-  prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
-  rows = np.int32(len(prompts) * num_samples)
-
-  def run(seed: int = 0) -> float:
-    state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
-                                          np.uint32(seed)))
-    start = time.perf_counter()
-    jax.block_until_ready(decode(params, state))
-    return time.perf_counter() - start
-
-  return run, new_tokens - 1
-
 
 def step_matmul_seconds(cfg: model.LlamaConfig, rows: int, repeats: int) -> dict[str, float]:
   """Seconds of one decode step's matmuls, each class timed alone at its exact shape."""

@@ -36,6 +36,8 @@ from flax import nnx
 from ksjax import model, sampling
 from ksjax.sampling import batching, sampler
 
+from decoding import decode_program, random_prompts  # benchmarks/decoding.py
+
 PROMPTS, SAMPLES, NEW_TOKENS = 16, 8, 128
 
 
@@ -75,11 +77,6 @@ def timed_side_by_side(fns: dict, repeats: int) -> dict[str, Timing]:
   return {name: Timing(first[name], *best[name]) for name in fns}
 
 
-def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int) -> list[list[int]]:
-  rng = np.random.RandomState(seed)
-  return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
-
-
 def ksjax_generate(llama, prompts, **kwargs):
   out = sampling.generate(llama, prompts, num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
                           temperature=1.0, **kwargs)
@@ -105,21 +102,9 @@ def decode_seconds_per_token(llama, prompt_len: int, num_prompts: int, repeats: 
                              new_tokens: int = 64) -> float:
   """Fastest seconds per decode step (rows advance together) of the while loop alone."""
   prompts = random_prompts(llama.cfg.vocab_size, num_prompts, prompt_len, prompt_len, seed=1)
-  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
-  batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
-                               SAMPLES, 1, cfg.pad_id)
-  shapes = sampler.Shapes(batch.tokens_pt.shape[0], SAMPLES, batch.tokens_pt.shape[1])
-  graphdef, params = nnx.split(llama)
-  prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
-  rows = np.int32(num_prompts * SAMPLES)
-  runs = []
-  for i in range(repeats + 1):  # the first compiles
-    state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
-                                          np.uint32(i)))
-    start = time.perf_counter()
-    jax.block_until_ready(decode(params, state))
-    runs.append(time.perf_counter() - start)
-  return min(runs[1:]) / (new_tokens - 1)
+  run, steps = decode_program(llama, prompts, SAMPLES, new_tokens)
+  runs = [run(i) for i in range(repeats + 1)]  # the first compiles
+  return min(runs[1:]) / steps
 
 
 def prefill_seconds(llama, prompts, prefill_once: bool, repeats: int) -> float:

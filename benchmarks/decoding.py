@@ -1,0 +1,42 @@
+"""Pieces the sampling benchmarks share (benchmarks/sampling.py at the toy shape,
+benchmarks/real_model.py at SmolLM2's): random prompts, and the sampler's decode loop timed alone."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+from ksjax import sampling  # pylint: disable=wrong-import-position
+from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
+
+
+def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+  rng = np.random.RandomState(seed)
+  return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
+
+
+def decode_program(llama, prompts, num_samples: int, new_tokens: int):
+  """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds."""
+  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
+  batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
+                               num_samples, 1, cfg.pad_id)
+  shapes = sampler.Shapes(batch.tokens_pt.shape[0], num_samples, batch.tokens_pt.shape[1])
+  graphdef, params = nnx.split(llama)
+  prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
+  rows = np.int32(len(prompts) * num_samples)
+
+  def run(seed: int = 0) -> float:
+    state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
+                                          np.uint32(seed)))
+    start = time.perf_counter()
+    jax.block_until_ready(decode(params, state))
+    return time.perf_counter() - start
+
+  return run, new_tokens - 1
