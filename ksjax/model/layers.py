@@ -59,8 +59,9 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
 
 
 def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array, mask_bts: jax.Array,
-                query_chunk: int = QUERY_CHUNK) -> jax.Array:
-  """`attend` with keys and values already laid out [B, K, H, S], as the KV cache stores them.
+                query_chunk: int = QUERY_CHUNK, v_layout: str = "bkhs") -> jax.Array:
+  """`attend` with keys already laid out [B, K, H, S], as the KV cache stores them, and values
+  [B, K, H, S] or, with v_layout="bksh", [B, K, S, H] (the cache's value layout; see `cached`).
 
   Memory-efficient: the queries are taken `query_chunk` at a time (`lax.map`), each block's
   scores and softmax rematerialised in the backward pass (`jax.checkpoint`), so no float32
@@ -76,7 +77,7 @@ def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array, mask_bt
   """
   b, t, n, h = q_btnh.shape
   if t <= query_chunk:
-    return attend_dense(q_btnh, k_bkhs, v_bkhs, mask_bts)
+    return attend_dense(q_btnh, k_bkhs, v_bkhs, mask_bts, v_layout)
   s = k_bkhs.shape[3]
   c = query_chunk
   chunks = -(-t // c)
@@ -87,15 +88,17 @@ def attend_bkhs(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array, mask_bt
   @jax.checkpoint
   def block(args):
     q_bqnh, m_bqs = args
-    return attend_dense(constrain(q_bqnh, "btnh"), k_bkhs, v_bkhs, m_bqs)
+    return attend_dense(constrain(q_bqnh, "btnh"), k_bkhs, v_bkhs, m_bqs, v_layout)
 
   out_cbqnh = jax.lax.map(block, (q_cbqnh.swapaxes(0, 1), mask_cbqs.swapaxes(0, 1)))
   return out_cbqnh.swapaxes(0, 1).reshape(b, chunks * c, n, h)[:, :t]
 
 
 def attend_dense(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
-                 mask_bts: jax.Array) -> jax.Array:
+                 mask_bts: jax.Array, v_layout: str = "bkhs") -> jax.Array:
   """`attend_bkhs` in one piece: forms the float32 scores [B, K, G*T, S] of all queries at once."""
+  if v_layout not in ("bkhs", "bksh"):
+    raise ValueError(f"v_layout={v_layout!r} is not accepted; expected 'bkhs' or 'bksh'")
   b, t, n, h = q_btnh.shape
   k, s = k_bkhs.shape[1], k_bkhs.shape[3]
   g = n // k
@@ -104,7 +107,7 @@ def attend_dense(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
   scores_bkgts = scores.reshape(b, k, g, t, s) * (h ** -0.5)
   scores_bkgts = jnp.where(mask_bts[:, None, None], scores_bkgts, jnp.finfo(jnp.float32).min)
   probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bkhs.dtype).reshape(b, k, g * t, s)
-  out_bkmh = jnp.einsum("bkms,bkhs->bkmh", probs_bkms, v_bkhs)
+  out_bkmh = jnp.einsum(f"bkms,{v_layout}->bkmh", probs_bkms, v_bkhs)
   return out_bkmh.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
@@ -168,18 +171,23 @@ class DecoderLayer(nnx.Module):
     x_btd = x_btd + self.self_attn(self.input_layernorm(x_btd), cos_bth, sin_bth, mask_btt)
     return constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "btd")
 
-  def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_cache_lbkhs, v_cache_lbkhs, layer: int,
-             cache_index):
-    """One step with the whole stacked KV cache ([L, B, K, H, S] each): writes this layer's keys
-    and values at slots [cache_index, +T) with one in-place update (no copy of the cache under
-    donation) and attends over this layer's slots. Returns x and both caches."""
+  def cached(self, x_btd, cos_bth, sin_bth, mask_bts, k_bkhs, v_bksh, cache_index):
+    """One step with this layer's KV cache: keys [B, K, H, S], values [B, K, S, H]. Writes the
+    new keys and values at slots [cache_index, +T) in place (no copy of the cache under donation)
+    and attends over all S slots. Returns x and both caches.
+
+    Why two layouts: with keys slots-last and values slots-second-last, both products of a decode
+    step (scores q.k over H, then p.v over S) are plain [M, H] x [H, S] and [M, S] x [S, H]
+    matmuls per (b, k), which run at the machine's memory bandwidth; with values [B, K, H, S] the
+    p.v product contracts both operands' minor axes and ran 3x slower on XLA's CPU backend
+    (benchmarks/real_model.py --parts=roofline). The training path (`attend`) is unaffected."""
     q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
-    write = lambda cache, new_btkh: jax.lax.dynamic_update_slice(
-        cache, new_btkh.transpose(0, 2, 3, 1)[None].astype(cache.dtype),
-        (layer, 0, 0, 0, cache_index))
-    k_cache_lbkhs, v_cache_lbkhs = write(k_cache_lbkhs, k), write(v_cache_lbkhs, v)
-    attn = attend_bkhs(q, k_cache_lbkhs[layer].astype(q.dtype),
-                       v_cache_lbkhs[layer].astype(q.dtype), mask_bts)
+    k_bkhs = jax.lax.dynamic_update_slice(
+        k_bkhs, k.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, cache_index))
+    v_bksh = jax.lax.dynamic_update_slice(
+        v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
+    attn = attend_bkhs(q, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype), mask_bts,
+                       v_layout="bksh")
     x_btd = x_btd + self.self_attn.out(attn)
     x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
-    return x_btd, k_cache_lbkhs, v_cache_lbkhs
+    return x_btd, k_bkhs, v_bksh

@@ -20,9 +20,12 @@ from ksjax.model.config import LlamaConfig
 from ksjax.model.layers import DecoderLayer, RMSNorm, init_param
 from ksjax.model.sharding import constrain
 
-# {"k": [L, B, K, H, S], "v": [L, B, K, H, S]}: slots last, the layout `attend` computes in, so a
-# decode step neither transposes nor copies the cache; it writes one slot per layer in place.
-Cache = dict[str, jax.Array]
+# {"k": L arrays [B, K, H, S], "v": L arrays [B, K, S, H]}: one array per layer, so a decode step
+# reads each layer's cache where it lies (slicing a stacked [L, ...] cache copied every layer's
+# cache on every step), and writes one slot per layer in place. Keys are slots-last and values
+# slots-second-last: the layouts in which both attention products are plain matmuls
+# (`DecoderLayer.cached`).
+Cache = dict[str, list[jax.Array]]
 
 
 def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
@@ -31,10 +34,11 @@ def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
 
 
 def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
-  """An empty KV cache with `max_len` slots per sequence."""
-  shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
+  """An empty KV cache with `max_len` slots per sequence (layout: `Cache`)."""
+  b, k, h, s = batch_size, cfg.num_kv_heads, cfg.head_dim, max_len
   dtype = jnp.dtype(dtype or cfg.dtype)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  return {"k": [jnp.zeros((b, k, h, s), dtype) for _ in range(cfg.num_layers)],
+          "v": [jnp.zeros((b, k, s, h), dtype) for _ in range(cfg.num_layers)]}
 
 
 def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int) -> jax.Array:
@@ -156,13 +160,15 @@ class Llama(nnx.Module):
     states avoids forming [B, T, V] (XLA does not slice the lm-head matmul by itself).
     """
     t = tokens_bt.shape[1]
-    s = cache["k"].shape[-1]
+    s = cache["k"][0].shape[-1]
     slot_s = jnp.arange(s)
     query_slot_t = cache_index + jnp.arange(t)
     mask_bts = kv_mask_bs.astype(bool)[:, None, :] & (slot_s[None, :] <= query_slot_t[:, None])[None]
     cos, sin = self.cos_sin(positions_bt)
     x_btd = self.embed(tokens_bt)
-    k_all, v_all = cache["k"], cache["v"]
-    for i, layer in enumerate(self.layers):
-      x_btd, k_all, v_all = layer.cached(x_btd, cos, sin, mask_bts, k_all, v_all, i, cache_index)
-    return self.norm(x_btd), {"k": k_all, "v": v_all}
+    keys, values = [], []
+    for layer, k_bkhs, v_bksh in zip(self.layers, cache["k"], cache["v"]):
+      x_btd, k_bkhs, v_bksh = layer.cached(x_btd, cos, sin, mask_bts, k_bkhs, v_bksh, cache_index)
+      keys.append(k_bkhs)
+      values.append(v_bksh)
+    return self.norm(x_btd), {"k": keys, "v": values}

@@ -175,8 +175,9 @@ def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
 
 
 def cache_sharding(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
-  """Sharding of a KV cache {"k", "v"}: [L, B@data*fsdp, K@tensor, H, S]."""
-  s = NamedSharding(mesh, P(None, BATCH, "tensor", None, None))
+  """Sharding of a KV cache {"k", "v"} (a prefix of its tree: one sharding for every layer's
+  array): keys [B@data*fsdp, K@tensor, H, S], values [B@data*fsdp, K@tensor, S, H]."""
+  s = NamedSharding(mesh, P(BATCH, "tensor", None, None))
   return {"k": s, "v": s}
 
 

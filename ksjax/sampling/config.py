@@ -48,6 +48,10 @@ class SamplerConfig:
   each prompt once and copies its cache to its rows, False prefills every row (the prompt repeated).
   Both give the same samples; True is the default because it is faster (benchmarks/sampling.py
   measures both).
+  `compact_rows`: whenever at most half of the decode batch is still running, the sampler moves
+  the running rows into a batch half as large (or smaller), so finished rows stop costing a
+  decode step; it never shrinks below `compact_rows` rows (0: never shrinks). A row's samples do
+  not depend on it (each row keeps its own keys); sampler.py says how.
   """
   max_new_tokens: int = 256
   temperature: float = 1.0
@@ -57,6 +61,7 @@ class SamplerConfig:
   stop_sequences: tuple[tuple[int, ...], ...] = ()
   pad_id: int = 0
   prefill_once: bool = True
+  compact_rows: int = 8
 
   def __post_init__(self):
     if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -75,6 +80,9 @@ class SamplerConfig:
                        "(0 means no top-k truncation)")
     if not _is_int(self.pad_id) or self.pad_id < 0:
       raise ValueError(f"pad_id={self.pad_id!r} is not accepted; expected a token id (int >= 0)")
+    if not _is_int(self.compact_rows) or self.compact_rows < 0:
+      raise ValueError(f"compact_rows={self.compact_rows!r} is not accepted; expected an integer "
+                       ">= 0 (0 means the decode batch never shrinks)")
     eos = () if self.eos_id is None else token_ids(self.eos_id, "eos_id", allow_empty=True)
     stops = self.stop_sequences or ()
     if isinstance(stops, (str, bytes)) or not isinstance(stops, Sequence):
@@ -87,6 +95,7 @@ class SamplerConfig:
     object.__setattr__(self, "top_p", float(self.top_p))
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "pad_id", int(self.pad_id))
+    object.__setattr__(self, "compact_rows", int(self.compact_rows))
     object.__setattr__(self, "eos_id", eos)
     object.__setattr__(self, "stop_sequences", stops)
 

@@ -14,6 +14,11 @@ bucketed prompt length, N = max_new_tokens, S = T + N - 1 cache slots):
               the step that writes slot T + i - 1 switches it on. Together with the model's causal
               rule (slot <= write index) it is the whole attention mask.
 
+Shrinking: when at most half of the rows are still running, the loop exits, the running rows are
+gathered into a batch half as large (or smaller; `SamplerConfig.compact_rows` is the floor) and
+the loop resumes on it (`decode_compacting`), so finished rows stop costing decode steps. On one
+process only: elsewhere the whole batch runs until every row is done.
+
 The prefill runs the model over the [P', T] prompt batch in one call, keeps the logits of the last
 position only (`Llama.hidden_cached`, so [P', T, V] never exists), gives each prompt's cache and
 logits to its n rows, and samples token 0. Giving the cache to the rows: `prefill_once=True`
@@ -57,7 +62,7 @@ from ksjax.sampling.distribution import choose
 @flax.struct.dataclass
 class DecodeState:
   """Everything the decode loop carries (donated between prefill and decode)."""
-  cache: Cache               # {"k", "v"}: [L, B, K, H, S]
+  cache: Cache               # {"k": L x [B, K, H, S], "v": L x [B, K, S, H]}
   kv_mask_bs: jax.Array      # bool [B, S], slots holding a real token
   position_b: jax.Array      # int32 [B], RoPE position of the next token fed back
   tokens_bn: jax.Array       # int32 [B, N], pad_id where not generated
@@ -119,7 +124,7 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
                    cache_len: int, prefill_once: bool = True):
   """Runs the prompts [P', T] through the model and gives every prompt's cache to its n rows.
 
-  Returns next-token logits float32 [B, V], the cache [L, B, K, H, S] with S = cache_len, the kv
+  Returns next-token logits float32 [B, V], the cache (`model.Cache`) with S = cache_len, the kv
   mask bool [B, S] and the position of the next token int32 [B]; B = P' * num_samples.
   """
   t = tokens_pt.shape[1]
@@ -132,9 +137,10 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
   logits_pv = llama.logits(hidden_ptd[:, -1:])[:, 0]
   if prefill_once:
     logits_pv, mask_pt, positions_pt = repeat(logits_pv), repeat(mask_pt), repeat(positions_pt)
-    cache = jax.tree.map(lambda c: jnp.repeat(c, num_samples, axis=1), cache)
+    cache = jax.tree.map(lambda c: jnp.repeat(c, num_samples, axis=0), cache)
   grow = cache_len - t
-  cache = jax.tree.map(lambda c: jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, grow)]), cache)
+  cache = {"k": [jnp.pad(c, ((0, 0), (0, 0), (0, 0), (0, grow))) for c in cache["k"]],
+           "v": [jnp.pad(c, ((0, 0), (0, 0), (0, grow), (0, 0))) for c in cache["v"]]}
   kv_mask_bs = jnp.pad(mask_pt, ((0, 0), (0, grow)))
   return logits_pv, cache, kv_mask_bs, positions_pt[:, -1] + 1
 
@@ -207,7 +213,8 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
   """The jitted (prefill, decode) pair for one model structure, config, mesh and shape bucket.
 
   prefill(params, tokens_pt, mask_pt, num_rows, seed) -> DecodeState after token 0;
-  decode(params, state) -> DecodeState when every row is done (state donated).
+  decode(params, state, stop_at) -> DecodeState when every row is done, or as soon as at most
+  `stop_at` rows are still running (int32; -1: only when every row is done). State donated.
   """
   n_new = cfg.max_new_tokens
   t = shapes.prompt_len
@@ -231,11 +238,23 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
         step=jnp.int32(0))
     return sample_and_record(ds, logits_bv, cfg)
 
-  def decode(params, ds: DecodeState) -> DecodeState:
+  return (jax.jit(prefill, out_shardings=out_shardings),
+          decode_program(graphdef, cfg, mesh, shapes.prompt_len))
+
+
+@functools.lru_cache(maxsize=64)
+def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, prompt_len: int):
+  """The jitted decode loop (see `programs`); it compiles once per batch size it is given."""
+  t = prompt_len
+  n_new = cfg.max_new_tokens
+  out_shardings = state_shardings(mesh)
+
+  def decode(params, ds: DecodeState, stop_at) -> DecodeState:
     llama = nnx.merge(graphdef, params)
 
     def cond(ds):
-      return (ds.step < n_new) & ~jnp.all(ds.done_b)
+      running = jnp.sum(~ds.done_b)
+      return (ds.step < n_new) & (running > 0) & (running > stop_at)
 
     def body(ds):
       token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
@@ -247,8 +266,66 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
 
     return jax.lax.while_loop(cond, body, ds)
 
-  return (jax.jit(prefill, out_shardings=out_shardings),
-          jax.jit(decode, out_shardings=out_shardings, donate_argnums=1))
+  return jax.jit(decode, out_shardings=out_shardings, donate_argnums=1)
+
+
+@functools.lru_cache(maxsize=64)
+def compact_program(mesh: Mesh):
+  """compact(state, keep) -> the state of rows `keep` (int32 [B'], in that order)."""
+  def compact(ds: DecodeState, keep_b) -> DecodeState:
+    take = lambda x: jnp.take(x, keep_b, axis=0)
+    return jax.tree.map(take, ds.replace(step=None)).replace(step=ds.step)  # every row field
+
+  return jax.jit(compact, out_shardings=state_shardings(mesh))
+
+
+def shrunk_rows(rows: int, running: int, floor: int, batch_shards: int) -> int:
+  """The batch the running rows move to: `rows` halved while the half still holds every running
+  row, stays >= floor and splits over the batch shards; `rows` itself when it cannot halve."""
+  while rows // 2 >= max(running, floor, 1) and (rows // 2) % batch_shards == 0 and rows % 2 == 0:
+    rows //= 2
+  return rows
+
+
+def decode_compacting(decode, compact, params, ds: DecodeState, *, floor: int,
+                      batch_shards: int) -> dict[str, np.ndarray]:
+  """Runs `decode` to the end, moving the running rows into a smaller batch whenever at most
+  half of the batch is running (`shrunk_rows`). Returns the outputs of every original row, on
+  the host: {"tokens", "logprobs", "lengths", "finished"} ([B, N], [B, N], [B], [B]).
+
+  Why the result is the same as one loop over the whole batch: a row's draws depend on its own
+  key and the step only (both move with the row), a finished row is never changed again, and the
+  decode step treats rows independently, so moving rows changes nothing but the batch size the
+  matmuls see (which can change their last bits). Each shrink costs one host read of the done
+  flags and one gather of the running rows' state (cache included); the compiled decode loop is
+  reused per batch size.
+  """
+  rows = ds.done_b.shape[0]
+  out = {"tokens": np.asarray(ds.tokens_bn).copy(), "logprobs": np.asarray(ds.logprobs_bn).copy(),
+         "lengths": np.asarray(ds.lengths_b).copy(), "finished": np.asarray(ds.finished_b).copy()}
+  origin = np.arange(rows)  # the original row of each row of the current batch; -1: filler
+
+  def record(ds, which):
+    src = {"tokens": ds.tokens_bn, "logprobs": ds.logprobs_bn, "lengths": ds.lengths_b,
+           "finished": ds.finished_b}
+    for name, value in src.items():
+      out[name][origin[which]] = np.asarray(value)[which]
+
+  while True:
+    b = origin.size
+    half = shrunk_rows(b, b // 2, floor, batch_shards)
+    ds = decode(params, ds, np.int32(half if half < b else -1))
+    done = np.asarray(ds.done_b)
+    if done.all() or int(ds.step) >= out["tokens"].shape[1]:
+      record(ds, origin >= 0)
+      return out
+    running = np.flatnonzero(~done)
+    new_rows = shrunk_rows(b, running.size, floor, batch_shards)
+    record(ds, done & (origin >= 0))
+    fillers = np.flatnonzero(done)[:new_rows - running.size]
+    keep = np.concatenate([running, fillers]).astype(np.int32)
+    ds = compact(ds, keep)
+    origin = np.concatenate([origin[running], np.full(fillers.size, -1)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,11 +377,19 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
   rows = batch.num_prompts * num_samples
   ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
-  ds = decode(params, ds)
+  floor = max(cfg.compact_rows, batch_shards)
+  if cfg.compact_rows and jax.process_count() == 1 and shapes.rows // 2 >= floor:
+    out = decode_compacting(decode, compact_program(mesh), params, ds, floor=floor,
+                            batch_shards=batch_shards)
+    tokens, lengths, logprobs, finished = (jnp.asarray(out[name][:rows]) for name in
+                                           ("tokens", "lengths", "logprobs", "finished"))
+  else:  # one loop over the whole batch (multi-process: the done flags are not all on this host)
+    ds = decode(params, ds, np.int32(-1))
+    tokens, lengths, logprobs, finished = (ds.tokens_bn[:rows], ds.lengths_b[:rows],
+                                           ds.logprobs_bn[:rows], ds.finished_b[:rows])
 
   prompt_lengths_p = batch.mask_pt[:batch.num_prompts].sum(axis=1).astype(np.int32)
   return SampleOutput(
-      tokens=ds.tokens_bn[:rows], lengths=ds.lengths_b[:rows], logprobs=ds.logprobs_bn[:rows],
-      finished=ds.finished_b[:rows],
+      tokens=tokens, lengths=lengths, logprobs=logprobs, finished=finished,
       prompt_tokens=jnp.asarray(np.repeat(batch.tokens_pt[:batch.num_prompts], num_samples, 0)),
       prompt_lengths=jnp.asarray(np.repeat(prompt_lengths_p, num_samples)))

@@ -7,7 +7,7 @@ and, one phase at a time,
   * update:   the compiled optimizer step over one mini-batch (gradients, activations of the
               micro-batch, the gathered FSDP weights, the optimizer's temporaries);
   * sampling: the prefill and the decode loop of `ksjax.sampling` over B * n rows, whose largest
-              buffer is the KV cache [L, B*n, S, K, H] twice (keys and values);
+              buffer is the KV cache, L x [B*n, K, H, S] for keys and as much for values;
   * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows.
 
 Parameters, optimizer state and KV cache are computed exactly from shapes and shardings
@@ -211,18 +211,24 @@ def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts:
   args = (params, tokens, mask, jax.ShapeDtypeStruct((), jnp.int32),
           jax.ShapeDtypeStruct((), jnp.uint32))
   prefill_memory = ProgramMemory.of(prefill.lower(*args).compile())
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       jax.eval_shape(prefill, *args), sampler_lib.state_shardings(mesh))
-  return prefill_memory, ProgramMemory.of(decode.lower(params, state).compile())
+  state = placed(jax.eval_shape(prefill, *args), sampler_lib.state_shardings(mesh))
+  stop_at = jax.ShapeDtypeStruct((), jnp.int32)
+  return prefill_memory, ProgramMemory.of(decode.lower(params, state, stop_at).compile())
 
 
 def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, rows: int,
                    cache_len: int) -> int:
   """Per-device bytes of the sampler's KV cache (`model.init_cache`) for `rows` sequences."""
   cache = jax.eval_shape(lambda: model.init_cache(cfg, rows, cache_len))
-  placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), cache,
-                        sharding.cache_sharding(mesh))
-  return device_bytes(placed)
+  return device_bytes(placed(cache, sharding.cache_sharding(mesh)))
+
+
+def placed(shapes: Any, shardings: Any) -> Any:
+  """`shapes` (ShapeDtypeStructs) with the shardings of `shardings`, a prefix of their tree (as
+  jit's out_shardings may be: the cache sharding is one sharding for all of a kind's layers)."""
+  return jax.tree.map(
+      lambda s, sub: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  sub), shardings, shapes)
 
 
 def sampler_caches(cfg: model.LlamaConfig, mesh: Any, shapes: Shapes) -> tuple[int, int]:

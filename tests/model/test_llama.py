@@ -60,7 +60,7 @@ def test_bfloat16_params_and_compute_stay_close_to_float32():
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(logits, forward(f32, tokens), atol=0.02)
   cache = model.init_cache(bf16.cfg, batch_size=2, max_len=8)
-  assert cache["k"].dtype == jnp.bfloat16
+  assert all(c.dtype == jnp.bfloat16 for c in cache["k"] + cache["v"])
 
 
 @pytest.mark.parametrize("kv_heads,tied,scaling", [

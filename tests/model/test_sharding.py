@@ -90,9 +90,12 @@ def test_cache_sharding_matches_init_cache_rank():
   mesh = model.make_mesh((2, 2, 2))
   cache = model.init_cache(CFG, batch_size=4, max_len=8)
   placed = jax.device_put(cache, sharding.cache_sharding(mesh))
-  assert placed["k"].sharding.spec == jax.sharding.PartitionSpec(
-      None, sharding.BATCH, "tensor", None, None)
-  assert math.prod(placed["k"].addressable_shards[0].data.shape) == cache["k"].size // 8
+  assert len(placed["k"]) == len(placed["v"]) == CFG.num_layers
+  for kind in ("k", "v"):
+    for layer, whole in zip(placed[kind], cache[kind]):
+      assert layer.sharding.spec == jax.sharding.PartitionSpec(
+          sharding.BATCH, "tensor", None, None)
+      assert math.prod(layer.addressable_shards[0].data.shape) == whole.size // 8
 
 
 def test_sharded_forward_cached_with_donated_cache_matches_unsharded(reference_logits):
@@ -116,7 +119,8 @@ def test_sharded_forward_cached_with_donated_cache_matches_unsharded(reference_l
   logits, cache = step(state, tokens, model.default_positions(mask), cache, kv_mask)
   real = np.asarray(mask).astype(bool)
   np.testing.assert_allclose(np.asarray(logits)[real], reference_logits[real], atol=1e-5, rtol=0)
-  assert cache["k"].sharding.spec == cache_shardings["k"].spec
+  assert all(c.sharding.spec == cache_shardings[kind].spec
+             for kind in ("k", "v") for c in cache[kind])
 
 
 @pytest.mark.parametrize("constrained", [False, True])

@@ -149,7 +149,7 @@ def test_decode_loop_exits_when_every_row_is_done(llama, sampled):
   prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
   rows = len(PROMPTS) * n
   state = decode(params, prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(rows),
-                                 np.uint32(3)))
+                                 np.uint32(3)), np.int32(-1))
   assert int(state.step) == 1
   np.testing.assert_array_equal(state.lengths_b[:rows], 1)
   assert np.asarray(state.done_b).all() and np.asarray(state.finished_b[:rows]).all()
@@ -177,3 +177,58 @@ def test_bad_input_raises_one_clear_error(llama, kwargs, match):
   kwargs = {"prompts": [[1, 2, 3]], "max_new_tokens": 4, **kwargs}
   with pytest.raises(ValueError, match=match):
     sampling.generate(llama, kwargs.pop("prompts"), **kwargs)
+
+
+def shrinking_case(llama, mesh=None, compact_rows=2):
+  """4 prompts x 8 samples with EOS ids drawn from a free run, so rows end at many different
+  steps; returns (output, batch sizes the decode loop shrank to)."""
+  prompts = PROMPTS + [[11, 12, 13, 14]]
+  free = sampling.sample(llama, prompts, sampling.SamplerConfig(
+      max_new_tokens=N_NEW, temperature=TEMPERATURE, compact_rows=0), num_samples=8, seed=5)
+  tokens = np.asarray(free.tokens)
+  eos = tuple(sorted({int(tokens[r, r % N_NEW]) for r in range(0, 32, 3)}))
+  cfg = sampling.SamplerConfig(max_new_tokens=N_NEW, temperature=TEMPERATURE, eos_id=eos,
+                               compact_rows=compact_rows)
+  shrunk = []
+  original = sampler.compact_program
+
+  def counting(m):
+    program = original(m)
+    def compact(ds, keep):
+      shrunk.append(len(keep))
+      return program(ds, keep)
+    return compact
+
+  sampler.compact_program = counting
+  try:
+    out = sampling.sample(llama, prompts, cfg, num_samples=8, seed=5, mesh=mesh)
+  finally:
+    sampler.compact_program = original
+  return out, shrunk
+
+
+def test_shrinking_the_decode_batch_changes_no_sample(llama):
+  whole, never = shrinking_case(llama, compact_rows=0)
+  out, shrunk = shrinking_case(llama)
+  assert never == [] and len(shrunk) >= 2 and shrunk == sorted(shrunk, reverse=True), shrunk
+  assert min(shrunk) < 32 // 4  # it went down past a quarter of the batch
+  lengths = np.asarray(whole.lengths)
+  assert len(set(lengths.tolist())) >= 4 and lengths.max() == N_NEW  # rows end at many steps
+  np.testing.assert_array_equal(out.tokens, whole.tokens)
+  np.testing.assert_array_equal(out.lengths, whole.lengths)
+  np.testing.assert_array_equal(out.finished, whole.finished)
+  np.testing.assert_allclose(out.logprobs, whole.logprobs, atol=1e-6, rtol=0)
+
+
+def test_compact_rows_is_validated():
+  with pytest.raises(ValueError, match="compact_rows=-1 is not accepted"):
+    sampling.SamplerConfig(compact_rows=-1)
+
+
+def test_shrunk_rows_halves_while_the_running_rows_fit():
+  assert sampler.shrunk_rows(128, 40, 8, 1) == 64
+  assert sampler.shrunk_rows(128, 3, 8, 1) == 8
+  assert sampler.shrunk_rows(128, 64, 8, 1) == 64
+  assert sampler.shrunk_rows(128, 65, 8, 1) == 128
+  assert sampler.shrunk_rows(32, 1, 8, 16) == 16  # a half must split over the batch shards
+  assert sampler.shrunk_rows(24, 1, 1, 1) == 3

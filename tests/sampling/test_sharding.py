@@ -50,6 +50,22 @@ def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
   misses = sampler.programs.cache_info().misses
   state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(len(PROMPTS) * n), np.uint32(0))
   assert sampler.programs.cache_info().misses == misses  # the program generate compiled
-  assert state.cache["k"].sharding.spec == sharding.cache_sharding(mesh)["k"].spec
+  for kind in ("k", "v"):
+    for layer in state.cache[kind]:
+      assert layer.sharding.spec == sharding.cache_sharding(mesh)[kind].spec
+      assert layer.addressable_shards[0].data.shape[0] == shapes.rows // batch_shards
   assert state.tokens_bn.sharding.spec == P(sharding.BATCH, None)
-  assert state.cache["k"].addressable_shards[0].data.shape[1] == shapes.rows // batch_shards
+
+
+def test_shrinking_on_a_mesh_gives_the_unsharded_samples():
+  """The decode batch shrinks on a (2, 2, 2) mesh (rows over 4 batch shards) as it does on one
+  device, and the samples are those of one loop over the whole batch."""
+  from tests.sampling.test_sampler import shrinking_case  # pylint: disable=g-import-not-at-top
+  llama = scaled_llama()
+  whole, _ = shrinking_case(llama, compact_rows=0)
+  mesh = model.make_mesh((2, 2, 2))
+  out, shrunk = shrinking_case(model.shard(scaled_llama(), mesh), mesh=mesh, compact_rows=2)
+  assert shrunk and min(shrunk) >= 4 and all(b % 4 == 0 for b in shrunk), shrunk
+  np.testing.assert_array_equal(out.tokens, whole.tokens)
+  np.testing.assert_array_equal(out.lengths, whole.lengths)
+  np.testing.assert_allclose(out.logprobs, whole.logprobs, atol=1e-5, rtol=0)
