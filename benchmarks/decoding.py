@@ -40,3 +40,10 @@ def decode_program(llama, prompts, num_samples: int, new_tokens: int):
     return time.perf_counter() - start
 
   return run, new_tokens - 1
+
+
+def seconds_per_step(run, steps: int, repeats: int) -> float:
+  """Fastest decode-loop seconds per step of `run` (from `decode_program`) over `repeats` calls
+  after one that compiles. Its own timing, not the call's: the call also runs the prefill."""
+  runs = [run(i) for i in range(repeats + 1)]
+  return min(runs[1:]) / steps

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ksjax import model, sampling  # pylint: disable=wrong-import-position
 from ksjax.sampling import batching  # pylint: disable=wrong-import-position
-from decoding import decode_program, random_prompts  # pylint: disable=wrong-import-position
+from decoding import decode_program, random_prompts, seconds_per_step  # pylint: disable=wrong-import-position
 
 # ---------------------------------------------------------------------------------------------
 # Compilation counter
@@ -159,8 +159,8 @@ def part_roofline(llama, cfg, configs, repeats):
     p, n, new = (int(x) for x in spec.split("x"))
     new = min(new, 32)  # the step's cost barely depends on N; keeps the run short
     rows = p * n
-    run, steps = decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new)
-    step = fastest({"": run}, repeats)[""] / steps
+    step = seconds_per_step(
+        *decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new), repeats)
     mm = step_matmul_seconds(cfg, rows, repeats)
     total = sum(mm.values())
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in mm.items())
@@ -174,8 +174,7 @@ def part_context(llama, cfg, repeats):
     per_token = {}
     for context in (128, 1024):
       prompts = random_prompts(cfg.vocab_size, p, context, context, seed=1)
-      run, steps = decode_program(llama, prompts, 4, 16)
-      per_token[context] = fastest({"": run}, repeats)[""] / steps
+      per_token[context] = seconds_per_step(*decode_program(llama, prompts, 4, 16), repeats)
     print(f"[context] {p * 4} rows: decode {per_token[128] * 1e3:.1f} ms/token at 128 tokens of "
           f"context, {per_token[1024] * 1e3:.1f} at 1024: ratio "
           f"{per_token[1024] / per_token[128]:.2f}")

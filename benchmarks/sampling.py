@@ -36,7 +36,7 @@ from flax import nnx
 from ksjax import model, sampling
 from ksjax.sampling import batching, sampler
 
-from decoding import decode_program, random_prompts  # benchmarks/decoding.py
+from decoding import decode_program, random_prompts, seconds_per_step  # benchmarks/decoding.py
 
 PROMPTS, SAMPLES, NEW_TOKENS = 16, 8, 128
 
@@ -102,9 +102,7 @@ def decode_seconds_per_token(llama, prompt_len: int, num_prompts: int, repeats: 
                              new_tokens: int = 64) -> float:
   """Fastest seconds per decode step (rows advance together) of the while loop alone."""
   prompts = random_prompts(llama.cfg.vocab_size, num_prompts, prompt_len, prompt_len, seed=1)
-  run, steps = decode_program(llama, prompts, SAMPLES, new_tokens)
-  runs = [run(i) for i in range(repeats + 1)]  # the first compiles
-  return min(runs[1:]) / steps
+  return seconds_per_step(*decode_program(llama, prompts, SAMPLES, new_tokens), repeats)
 
 
 def prefill_seconds(llama, prompts, prefill_once: bool, repeats: int) -> float:
