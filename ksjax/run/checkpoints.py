@@ -332,9 +332,11 @@ def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str) -> 
   try:
     with errors.quiet_if_it_fails():  # Orbax's log lines: the error below says it
       stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
-  except (FileNotFoundError, ValueError, KeyError, OSError) as e:
+  except (FileNotFoundError, ValueError, KeyError, OSError, AttributeError, TypeError,
+          IndexError) as e:  # (Orbax reads metadata JSON of another shape with .get and [])
     raise CheckpointInputError(f"checkpoint {path!r} cannot be read ({type(e).__name__}: "
-                               f"{str(e)[:200]}); expected a ksjax trainer checkpoint") from None
+                               f"{errors.one_line(e)[:200]}); expected a ksjax trainer "
+                               "checkpoint") from None
   if stored is None or PARAMS_FIELD not in stored:
     raise CheckpointInputError(f"checkpoint {path!r} holds no {PARAMS_FIELD!r}; expected a ksjax "
                                "trainer checkpoint")

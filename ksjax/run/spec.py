@@ -50,6 +50,10 @@ KL_ESTIMATORS = ("k1", "k3")
 # Where starting weights may come from: a Hugging Face directory, a ksjax.model checkpoint, a GGUF.
 STARTS = ("init_hf", "init_checkpoint", "init_gguf")
 ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
+# Completions per prompt: the estimator is checked at start-up on a group of n (O(n) memory and
+# time, ~0.5 s at this bound), so an n in the billions would hang or exhaust memory before the
+# run begins.
+MAX_COMPLETIONS = 1 << 14
 # Fields of config.model that change a preset when set (None keeps the preset's value).
 PRESET_OVERRIDES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                     "intermediate_size", "tie_embeddings")
@@ -230,7 +234,7 @@ class SamplingSpec(_Spec):
   def __post_init__(self):
     c = self._view()
     cv.integer(c, "batch_prompts", lo=1)
-    cv.integer(c, "n", lo=1)
+    cv.integer(c, "n", lo=1, hi=MAX_COMPLETIONS)
     cv.integer(c, "max_new_tokens", lo=1)
     cv.real(c, "temperature", lo=0.0, lo_open=True)
     cv.real(c, "top_p", lo=0.0, hi=1.0, lo_open=True)
@@ -287,6 +291,8 @@ class EstimatorSpec(_Spec):
     low, high = sorted((self.k, self.k_start))
     if self.k_schedule == "linear" and self.k_schedule_steps >= high - low:
       return tuple(range(low, high + 1))  # steps of at most 1, rounded: every integer between
+    if self.k_schedule == "step":
+      return (low, high) if low != high else (low,)  # k_start before k_schedule_steps, k after
     return tuple(sorted({self.k_at(step) for step in range(self.k_schedule_steps + 1)}))
 
   def check_with(self, n: int) -> None:
