@@ -24,7 +24,15 @@ What the host allows is detected at run time; `isolation_report()` says what is 
 trainer writes it to the run's log). On Linux with root or unprivileged user namespaces everything
 above holds ("full"). Where namespaces are forbidden (e.g. a container without CAP_SYS_ADMIN)
 the sandbox falls back to resource limits, an unprivileged uid (as root) and a child subreaper
-that kills escaped processes ("rlimits_only"): no network or file-system isolation then.
+that kills escaped processes ("rlimits_only"): no network or file-system isolation then, and the
+program imports from the host's file system as that uid, so the interpreter's standard library
+must be readable by every user (a virtual environment or pyenv under a 0700 home is not).
+
+A sandbox tests itself when it is made: it runs an honest program that imports standard modules
+(`PROBE`) and checks what it prints. If that fails, in any mode, the constructor raises
+`SandboxUnavailable` with one line saying what failed, the child's error, and what to do (for an
+unreadable interpreter: which directory, and the choices of another interpreter, permissions or
+namespaces), instead of a sandbox that would fail every honest program.
 
 Comparison follows the official CodeContests checker: outputs are split on whitespace and
 lower-cased; token lists equal, or of equal length with every pair equal, where two numeric tokens
@@ -72,6 +80,22 @@ for _slot in range(_UID_SLOTS):
 
 VERDICTS = ("passed", "wrong_answer", "runtime_error", "time_limit", "output_limit",
             "sandbox_error")
+
+# The self-test: an honest program using the standard modules competitive programs import (pure
+# Python packages, extension modules and built-ins alike), with its expected output.
+PROBE = (
+    "import bisect, collections, fractions, functools, heapq, itertools, json, math, re\n"
+    "n = int(input())\n"
+    "words = collections.Counter(re.findall(r'[a-z]+', 'to be or not to be'))\n"
+    "print(math.isqrt(n), heapq.nsmallest(2, [n, 3, 9])[1], bisect.bisect([1, 5, 9], n),\n"
+    "      words['be'], json.loads('[1, 2]')[1] + len(list(itertools.permutations('ab'))),\n"
+    "      fractions.Fraction(n, 6), functools.reduce(max, [2, n, 5]))\n")
+PROBE_TESTS = ({"input": "16\n", "output": "4 9 3 2 4 8/3 16\n"},)
+
+
+class SandboxUnavailable(RuntimeError):
+  """The sandbox's self-test failed: it cannot run honest programs here (the message says why
+  and what to do)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +378,7 @@ class Sandbox:
     self._running = threading.BoundedSemaphore(self.config.workers)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._pool_lock = threading.Lock()
-    self._report: dict | None = None
+    self._report = self._self_test()
 
   def close(self) -> None:
     with self._pool_lock:
@@ -389,14 +413,18 @@ class Sandbox:
       return self._run(job)
 
   def isolation_report(self) -> dict[str, Any]:
-    """What isolation is in force here, found by running a probe program (once)."""
-    if self._report is None:
-      hello: dict[str, Any] = {}
-      with self._running:
-        result = self._run(Job(program="print(input())", tests=[{"input": "1", "output": "1"}]),
-                           hello_out=hello)
-      self._report = _describe(self.config, hello, result)
+    """What isolation is in force here, as found by the self-test when the sandbox was made."""
     return dict(self._report)
+
+  def _self_test(self) -> dict[str, Any]:
+    """Runs `PROBE`; the isolation report, or SandboxUnavailable if the probe did not pass."""
+    hello: dict[str, Any] = {}
+    with self._running:
+      result = self._run(Job(program=PROBE, tests=PROBE_TESTS), hello_out=hello)
+    report = _describe(self.config, hello, result)
+    if not result.passed:
+      raise SandboxUnavailable(_refusal(self.config, hello, report, result))
+    return report
 
   # -------------------------------------------------------------------------------------------
 
@@ -482,7 +510,7 @@ class Sandbox:
             digest.update(verdict.encode())
             return Result(passed=False, verdict=verdict, tests_run=tests_run,
                           behaviour=digest.hexdigest(), cpu_s=cpu,
-                          wall_s=time.monotonic() - start, detail=str(header.get("stderr", "")))
+                          wall_s=time.monotonic() - start, detail=_failure_detail(header))
         if "done" not in _read_header(proc.stdout):
           raise _RunnerFailed("runner did not finish")
         proc.wait()  # it exits by itself now; the watchdog still guards
@@ -541,6 +569,23 @@ def _judge(verdict: str, payload: bytes, test: Mapping[str, Any], call_based: bo
   return call_result_matches(value, test["output"]), text.encode() + b"\x00"
 
 
+def _failure_detail(header: Mapping[str, Any]) -> str:
+  """The failing test's stderr tail, or how it ended when it wrote nothing there."""
+  stderr = str(header.get("stderr") or "")
+  if stderr.strip():
+    return stderr
+  verdict, signum, code = header.get("verdict"), header.get("signal"), header.get("exit_code")
+  if verdict == "ok":
+    return "wrong answer (nothing on stderr)"
+  if isinstance(signum, int):
+    try:
+      name = signal.Signals(signum).name
+    except ValueError:
+      name = str(signum)
+    return f"{verdict}: killed by {name}, nothing on stderr"
+  return f"{verdict}: exit status {code}, nothing on stderr"
+
+
 def _sandbox_error(message: str, tests_run: int) -> Result:
   return Result(passed=False, verdict="sandbox_error", tests_run=tests_run,
                 behaviour="sandbox_error", detail=message)
@@ -563,6 +608,8 @@ def _describe(config: SandboxConfig, hello: dict, probe: Result) -> dict[str, An
       "processes": ("private PID namespace; all processes killed after each test"
                     if "pid" in namespaces else "process group only"),
       "program_uid": hello.get("program_uid"),
+      "python": hello.get("python", config.python),
+      "stdlib": hello.get("stdlib"),
       "capabilities_dropped": bool(hello.get("capabilities_dropped")),
       "fork_limit": (f"RLIMIT_NPROC={config.processes} on a uid private to the sandbox"
                      if private_uid else
@@ -572,6 +619,53 @@ def _describe(config: SandboxConfig, hello: dict, probe: Result) -> dict[str, An
                   "nofile": config.open_files, "nproc": config.processes},
       "errors": list(hello.get("errors", [])) + ([probe.detail] if probe.detail else []),
   }
+
+
+def _blocked_directory(path: str, uid: int, gid: int) -> str | None:
+  """The first directory on the way to `path` (as written, then resolved) that `uid`, in group
+  `gid` only, may not enter (or, for `path` itself, list), with its mode; None if there is none
+  (by the permission bits; ACLs are not consulted)."""
+  for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+    parts = [part for part in candidate.split("/") if part]
+    for depth in range(len(parts) + 1):
+      directory = "/" + "/".join(parts[:depth])
+      try:
+        st = os.stat(directory)
+      except OSError:
+        return None
+      need = 0o5 if depth == len(parts) else 0o1  # r-x for the library, --x on the way
+      shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+      if (st.st_mode >> shift) & need != need:
+        return f"{directory} (mode {st.st_mode & 0o7777:04o}, owner uid {st.st_uid})"
+  return None
+
+
+def _refusal(config: SandboxConfig, hello: Mapping[str, Any], report: Mapping[str, Any],
+             probe: Result) -> str:
+  """One line: why the self-test failed and what to do."""
+  lines = [line.strip() for line in probe.detail.splitlines() if line.strip()]
+  error = lines[-1] if lines else "no error message"
+  python = hello.get("python") or config.python
+  text = (f"the code sandbox refuses to start: its self-test (an honest program importing "
+          f"bisect, collections, fractions, functools, heapq, itertools, json, math and re) "
+          f"ended in {probe.verdict} in isolation mode {report['level']} "
+          f"(namespaces={config.namespaces}, interpreter {python}): {error}")
+  uid, stdlib = hello.get("program_uid"), hello.get("stdlib")
+  # On the host's file system (no minimal root), as another uid: can it read the library?
+  if (isinstance(uid, int) and hello.get("euid") == 0 and uid != 0 and stdlib
+      and not hello.get("minimal_root")):
+    blocked = _blocked_directory(str(stdlib), uid, uid)
+    where = (f"; the program runs as uid {uid}, which cannot read {blocked} on the way to the "
+             f"interpreter's standard library {stdlib}" if blocked else
+             f"; the program runs as uid {uid} and imports from {stdlib}")
+    return text + where + (
+        "; set SandboxConfig.python to an interpreter every user can read (e.g. "
+        "/usr/bin/python3 of the same or a newer version) or make those directories readable "
+        "by others (chmod o+rx)" + ("" if report["namespaces"] else
+        ", or run where Linux namespaces are allowed (the sandbox then mounts the "
+        "interpreter's prefix for the program)"))
+  return text + ("; check that SandboxConfig.python is a working Python 3.9+ interpreter"
+                 if probe.verdict == "sandbox_error" else "")
 
 
 _default: Sandbox | None = None

@@ -29,7 +29,10 @@ Isolation, as far as the host allows (what was achieved is reported in the `hell
    running program has) or user namespace (otherwise) is its own.
 
 Without namespaces (a container that forbids them) only 2. and 3. hold, and the runner makes
-itself a child subreaper so that escaped processes are still re-parented to it and killed.
+itself a child subreaper so that escaped processes are still re-parented to it and killed. The
+program then imports from the host's file system as its unprivileged uid: the interpreter's
+standard library (reported in the hello as `stdlib`) must be readable by every user, which the
+parent's self-test checks before the sandbox is used.
 
 Each test runs in a child forked from the init process (about a millisecond, against tens for a
 new interpreter), so every test starts from the same clean state with its own CPU limit and wall
@@ -140,16 +143,6 @@ def _build_root(root, job):
     elif os.path.isdir(host):
       os.mkdir(root + host)
       _bind_read_only(host, root + host)
-  prefix = os.path.realpath(sys.base_prefix)
-  if not os.path.isdir(root + prefix) or not os.listdir(root + prefix):
-    os.makedirs(root + prefix)
-    _bind_read_only(prefix, root + prefix)
-  # Directories of executables are mounted noexec: the interpreter is already running, and no
-  # program needs a shell or another binary (libraries stay executable for extension modules).
-  for directory in EXECUTABLE_DIRS + (prefix + "/bin",):
-    inside = root + directory
-    if os.path.isdir(directory) and not os.path.islink(directory) and os.path.isdir(inside):
-      _bind_read_only(directory, inside, MS_NOEXEC)
   os.makedirs(root + "/dev/shm")
   for device in DEVICES:
     open(root + "/dev/" + device, "w").close()
@@ -163,6 +156,19 @@ def _build_root(root, job):
     os.makedirs(root + directory, exist_ok=True)
     _mount("tmpfs", root + directory, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={WRITABLE_DIR_BYTES},mode=1777")
+  prefix = os.path.realpath(sys.base_prefix)
+  # After the private tmpfs, which would hide an interpreter under /tmp; the standard library
+  # too, where it lies outside the prefix (a prefix whose lib/pythonX.Y links elsewhere).
+  for directory in (prefix, os.path.realpath(os.path.dirname(os.__file__))):
+    if not os.path.isdir(root + directory) or not os.listdir(root + directory):
+      os.makedirs(root + directory, exist_ok=True)
+      _bind_read_only(directory, root + directory)
+  # Directories of executables are mounted noexec: the interpreter is already running, and no
+  # program needs a shell or another binary (libraries stay executable for extension modules).
+  for directory in EXECUTABLE_DIRS + (prefix + "/bin",):
+    inside = root + directory
+    if os.path.isdir(directory) and not os.path.islink(directory) and os.path.isdir(inside):
+      _bind_read_only(directory, inside, MS_NOEXEC)
   workdir = root + job["workdir"]
   os.makedirs(workdir, exist_ok=True)
   owner = f",uid={job['uid']},gid={job['gid']}" if os.geteuid() == 0 else ""
@@ -301,14 +307,31 @@ def _run_program(job, input_bytes):
       with open(result_fd, "w", encoding="utf-8") as f:
         json.dump(result, f)
       code = 0
-  except BaseException:  # the program's own failure: its traceback is its stderr
+  except BaseException as error:  # the program's own failure: its traceback is its stderr
     try:
       import traceback  # pylint: disable=g-import-not-at-top  (only failing tests pay for it)
       traceback.print_exc()
       sys.stderr.flush()
-    except BaseException:
-      pass
+    except BaseException as unavailable:  # e.g. the uid cannot read the standard library
+      _report_bare(error, unavailable)
   os._exit(code)
+
+
+def _report_bare(error, unavailable):
+  """The failure's type and message on fd 2 when no traceback can be printed (`traceback` and
+  `linecache` are not imported yet, and the program's uid may be unable to read them): a failed
+  test never ends with an empty stderr."""
+  def describe(e):
+    try:
+      return f"{type(e).__name__}: {e}"
+    except BaseException:  # a program's exception whose __str__ fails
+      return "an exception"
+  try:
+    text = (f"(no traceback: importing traceback failed: {describe(unavailable)})\n"
+            f"{describe(error)}\n")
+    os.write(2, text.encode("utf-8", "replace"))
+  except BaseException:
+    pass
 
 
 def _wait(pid, deadline):
@@ -448,6 +471,8 @@ def _init(job, report, out):
   report["euid"] = os.geteuid()
   report["program_uid"] = job["uid"] if os.geteuid() == 0 else os.getuid()
   report["capabilities_dropped"] = os.geteuid() == 0 or job["in_user_namespace"]
+  report["python"] = sys.executable
+  report["stdlib"] = os.path.dirname(os.__file__)  # the program's imports come from here
   if job["fn_name"] is not None:
     import json  # pylint: disable=g-import-not-at-top,unused-import  (once, not in every test)
   # Warm up what every test child would otherwise initialise afresh after fork (the compiler,

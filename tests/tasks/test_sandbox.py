@@ -6,10 +6,15 @@ print the expected output (a leaked secret, a reachable socket), the expected ou
 what the attack would reveal, so a leak would turn the result into a pass.
 """
 
+import dataclasses
 import os
+import re
 import resource
+import shutil
 import socket
 import subprocess
+import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -248,7 +253,8 @@ def test_identical_behaviour_has_identical_digest(sandbox):
 
 
 def test_isolation_report(report, host_allows_namespaces):
-  assert report["probe"] == "passed"
+  assert report["probe"] == "passed"  # the self-test: an honest program importing stdlib modules
+  assert "import" in sb.PROBE and report["stdlib"]
   assert report["level"] in ("full", "partial", "rlimits_only")
   assert report["rlimits"]["nproc"] == 8 and report["rlimits"]["core"] == 0
   if host_allows_namespaces is None:
@@ -497,9 +503,161 @@ def test_program_timeout_kills_the_whole_sandbox(temp_root):
 
 
 @pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
-def test_a_broken_sandbox_is_a_failing_result_not_an_exception(temp_root, python, caplog):
-  with sb.Sandbox(sb.SandboxConfig(workers=1, python=python, temp_root=temp_root)) as box:
+def test_a_broken_interpreter_is_refused_when_the_sandbox_is_made(temp_root, python):
+  with pytest.raises(sb.SandboxUnavailable) as refused:
+    sb.Sandbox(sb.SandboxConfig(workers=1, python=python, temp_root=temp_root))
+  message = str(refused.value)
+  assert "\n" not in message and python in message and "sandbox_error" in message
+  assert os.listdir(temp_root) == []
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
+def test_a_sandbox_broken_later_gives_a_failing_result_not_an_exception(temp_root, python):
+  with sb.Sandbox(sb.SandboxConfig(workers=1, temp_root=temp_root)) as box:
+    box.config = dataclasses.replace(box.config, python=python)  # broken after its self-test
     result = box.run(sb.Job(program=A_PLUS_B, tests=ADDITION_TESTS))
   assert not result.passed and result.verdict == "sandbox_error"
   assert result.detail  # why: cannot start, broken pipe or output ended (racing the exit)
   assert os.listdir(temp_root) == []
+
+
+def test_a_failing_self_test_refuses_with_the_childs_error(temp_root, monkeypatch):
+  monkeypatch.setattr(sb, "PROBE", "import ksjax_no_such_module\n")
+  with pytest.raises(sb.SandboxUnavailable) as refused:
+    sb.Sandbox(sb.SandboxConfig(workers=1, temp_root=temp_root))
+  message = str(refused.value)
+  assert "\n" not in message and "runtime_error" in message
+  assert "No module named 'ksjax_no_such_module'" in message and sys.executable in message
+  assert os.listdir(temp_root) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The fallback mode (no namespaces): resource limits and, as root, an unprivileged uid; programs
+# import from the host's file system as that uid.
+
+FALLBACK_IMPORTS = "import collections, heapq, json, math, re"
+
+
+@pytest.fixture(scope="module")
+def fallback_python():
+  """An interpreter whose standard library the sandbox's uid can read: as root, one that uid
+  nobody can import from (checked by running it as nobody, not by the code under test)."""
+  if os.geteuid() != 0:
+    return sys.executable  # the program runs as this user
+  for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"]):
+    if not os.path.exists(candidate):
+      continue
+    check = f"import sys\n{FALLBACK_IMPORTS}\nassert sys.version_info >= (3, 9)\n"
+    try:
+      ran = subprocess.run([candidate, "-I", "-S", "-c", check], user=65534, group=65534,
+                           extra_groups=[], cwd="/", capture_output=True)
+    except PermissionError:  # nobody cannot even start it
+      continue
+    if ran.returncode == 0:
+      return candidate
+  pytest.skip("no Python 3.9+ here whose standard library an unprivileged uid can read")
+
+
+@pytest.fixture(scope="module")
+def fallback(temp_root, fallback_python):
+  config = sb.SandboxConfig(workers=2, time_limit_s=1.0, wall_time_factor=1.5,
+                            wall_time_slack_s=0.5, program_timeout_s=20.0,
+                            memory_bytes=128 << 20, output_bytes=1 << 20, scratch_bytes=4 << 20,
+                            processes=8, namespaces=False, python=fallback_python,
+                            temp_root=temp_root)
+  with sb.Sandbox(config) as box:
+    yield box
+
+
+def test_fallback_mode_self_test_passes(fallback):
+  report = fallback.isolation_report()
+  assert report["level"] == "rlimits_only" and report["namespaces"] == []
+  assert report["probe"] == "passed" and report["errors"] == []
+  assert report["stdlib"] and report["python"] == fallback.config.python
+  if os.geteuid() == 0:
+    assert report["program_uid"] in fallback.uids()
+
+
+def test_fallback_mode_runs_honest_programs_importing_standard_modules(fallback, temp_root):
+  programs = [
+      ("import math\nprint(math.factorial(int(input())))\n", "5\n", "120\n"),
+      ("import re\nprint(len(re.findall(r'[0-9]+', input())))\n", "a1 b22 c333\n", "3\n"),
+      ("import json\nprint(json.loads(input())['a'])\n", '{"a": 7}\n', "7\n"),
+      ("import heapq\nh = list(map(int, input().split()))\nheapq.heapify(h)\n"
+       "print(heapq.heappop(h), heapq.heappop(h))\n", "5 3 9 1\n", "1 3\n"),
+      ("import collections\nc = collections.Counter(input().split())\n"
+       "print(c.most_common(1)[0][0])\n", "x y x z\n", "x\n"),
+      ("import sys, bisect, itertools, functools, fractions, decimal, string, statistics\n"
+       "from collections import deque\n"
+       "n = int(sys.stdin.readline())\n"
+       "print(bisect.bisect([1, 5, 9], n), len(list(itertools.combinations(range(n), 2))),\n"
+       "      functools.reduce(lambda a, b: a * b, range(1, n + 1)), fractions.Fraction(n, 4),\n"
+       "      decimal.Decimal(n) / 4, string.ascii_lowercase[n], statistics.median([1, n, 9]),\n"
+       "      deque([n]).pop())\n", "6\n", "2 15 720 3/2 1.5 g 6 6\n"),
+  ]
+  jobs = [sb.Job(program=p, tests=[{"input": i, "output": o}]) for p, i, o in programs]
+  results = fallback.run_many(jobs)
+  assert [(r.verdict, r.detail) for r in results] == [("passed", "")] * len(programs)
+  _assert_contained(fallback, temp_root)
+
+
+@pytest.mark.parametrize("program, verdict, detail", [
+    ("print(1 // 0)\n", "runtime_error", "ZeroDivisionError"),
+    ("import json\njson.loads('{')\n", "runtime_error", "JSONDecodeError"),
+    ("import sys\nsys.exit(3)\n", "runtime_error", "exit status 1, nothing on stderr"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "runtime_error",
+     "killed by SIGSEGV"),
+    ("print(2)\n", "wrong_answer", "wrong answer"),
+])
+def test_fallback_mode_failures_are_never_an_empty_error(fallback, program, verdict, detail):
+  result = fallback.run(sb.Job(program=program, tests=[{"input": "", "output": "1"}]))
+  assert result.verdict == verdict and detail in result.detail, result
+
+
+def _private_interpreter(home) -> str:
+  """This interpreter installed as a prefix in `home`, made 0700 (as pyenv or a virtual environment
+  under a private home directory): the binary is a hard link or a copy, so Python finds its
+  standard library as `lib/pythonX.Y` next to it (a link to the real one), and no other uid can
+  enter `home`."""
+  prefix = home / "python"
+  os.makedirs(prefix / "bin")
+  os.makedirs(prefix / "lib")
+  binary = os.path.realpath(sys.executable)
+  private = str(prefix / "bin" / "python3")
+  try:
+    os.link(binary, private)
+  except OSError:
+    shutil.copy2(binary, private)
+  version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+  os.symlink(sysconfig.get_paths()["stdlib"], prefix / "lib" / version)
+  os.chmod(home, 0o700)
+  return private
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only as root do programs run as another uid")
+def test_fallback_mode_refuses_an_interpreter_its_uid_cannot_read(tmp_path, temp_root,
+                                                                   host_allows_namespaces):
+  home = tmp_path / "home"
+  python = _private_interpreter(home)
+  ran = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.prefix)"],
+                       capture_output=True, text=True, check=True)
+  assert ran.stdout.strip() == str(home / "python")  # the simulation holds: the library is there
+  config = sb.SandboxConfig(workers=1, namespaces=False, python=python, temp_root=temp_root)
+  with pytest.raises(sb.SandboxUnavailable) as refused:
+    sb.Sandbox(config)
+  message = str(refused.value)
+  assert "\n" not in message and "rlimits_only" in message
+  assert python in message  # the interpreter,
+  # The directory in the way: the home, or one of its own (pytest's are 0700 too).
+  blocked = re.search(r"cannot read (/\S*) \(mode ([0-7]{4}), owner uid 0\)", message)
+  assert blocked, message
+  assert str(home).startswith(blocked[1]) and not int(blocked[2], 8) & 0o001
+  assert "No module named" in message  # the child's own error,
+  assert "SandboxConfig.python" in message and "chmod o+rx" in message  # and what to do
+  assert os.listdir(temp_root) == []
+  if host_allows_namespaces:
+    # With namespaces the interpreter's prefix is mounted for the program: the same one works.
+    with sb.Sandbox(dataclasses.replace(config, namespaces=True)) as box:
+      assert box.isolation_report()["level"] == "full"
+      assert box.run(sb.Job(program=f"{FALLBACK_IMPORTS}\nprint(math.isqrt(16))",
+                            tests=[{"input": "", "output": "4"}])).passed
