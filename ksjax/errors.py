@@ -6,6 +6,8 @@ with status 2 and writes nothing; any other failure is a bug and keeps its trace
 binaries (`ksjax.main`, `ksjax.eval`, `ksjax.tools.*`, `python -m ksjax.tasks.data`) wrap their
 `main` in `boundary`; the places that read an input turn a library's exception into one of the
 project's input-error types (`INPUT_ERRORS`) with a message naming the file and what is accepted.
+A host the code sandbox cannot run honest programs on (`SandboxUnavailable`, from its self-test)
+is answered the same way: one line saying what failed and what to do.
 
 Libraries log while they read (Orbax warns about missing metadata files before raising, tfds about
 a folder without dataset_info.json), and such a line printed before the one line would bury it. So
@@ -36,6 +38,7 @@ INPUT_ERRORS = (
     ("ksjax.model.checkpoint", "CheckpointError"),        # a model: Orbax, HF directory, GGUF
     ("ksjax.run.checkpoints", "CheckpointInputError"),   # a run's step checkpoints (eval)
     ("ksjax.run.checkpoints", "CheckpointError"),        # none of a run's checkpoints readable
+    ("ksjax.tasks.sandbox", "SandboxUnavailable"),       # the host: the sandbox's self-test
 )
 
 

@@ -153,6 +153,21 @@ def test_the_boundary_drops_held_log_lines_on_bad_input(capsys):
       "prog: bad config: config.k=0 is out of range; expected an integer >= 1"]
 
 
+def test_a_host_the_sandbox_refuses_is_one_line(capsys, tmp_path):
+  from ksjax.tasks import sandbox  # pylint: disable=g-import-not-at-top
+
+  def main(argv):
+    del argv
+    sandbox.Sandbox(sandbox.SandboxConfig(workers=1, python="/bin/false", temp_root=str(tmp_path)))
+
+  with pytest.raises(SystemExit) as exit_info:
+    errors.boundary("prog", main)(["prog"])
+  assert exit_info.value.code == 2
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("prog: the code sandbox refuses to start: ")
+  assert "/bin/false" in lines[0] and os.listdir(tmp_path) == []
+
+
 def test_a_bug_keeps_its_traceback_after_the_held_log_lines(caplog):
   def main(argv):
     del argv
