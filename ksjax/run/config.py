@@ -136,6 +136,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   # --- the run --------------------------------------------------------------------------------
   c.num_steps = 100
+  # A CPU budget for the RL steps, in CPU-minutes (user + system, every thread of the process;
+  # ksjax.trainer.loop says what is counted): the run stops after the first step that brings the
+  # training loop's CPU time to it, checkpoints and evaluates as at num_steps. Warm-up and
+  # held-out evaluations are not counted; a resumed run continues its budget. None or 0: none.
+  c.max_cpu_minutes = config_dict.placeholder(float)
   c.log_every = 1
   c.checkpoint_every = 25
   c.keep_checkpoints = 3

@@ -508,6 +508,7 @@ class RunSpec(_Spec):
   resume: bool = False
   mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the remaining devices
   num_steps: int = 100
+  max_cpu_minutes: float | None = None  # the RL steps' CPU budget; None (or 0): none
   log_every: int = 1
   checkpoint_every: int = 25
   keep_checkpoints: int = 3
@@ -524,12 +525,18 @@ class RunSpec(_Spec):
       raise ConfigError(f"config.mesh={mesh!r} is not accepted; expected three sizes >= 1 for "
                         "(data, fsdp, tensor), at most one of them -1 (the remaining devices)")
     cv.integer(c, "num_steps", lo=0)
+    cv.optional_real(c, "max_cpu_minutes", lo=0.0)
     cv.integer(c, "log_every", lo=1)
     cv.integer(c, "checkpoint_every", lo=1)
     cv.integer(c, "keep_checkpoints", lo=1)
     cv.boolean(c, "async_checkpoints")
     cv.boolean(c, "progress_bar")
     object.__setattr__(self, "mesh", tuple(mesh))
+
+  @property
+  def cpu_budget_seconds(self) -> float | None:
+    """config.max_cpu_minutes in CPU-seconds; None when there is no budget."""
+    return self.max_cpu_minutes * 60.0 if self.max_cpu_minutes else None
 
 
 @dataclasses.dataclass(frozen=True)

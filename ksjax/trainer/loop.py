@@ -19,6 +19,16 @@ TensorBoard and `<workdir>/metrics.jsonl`; checkpoints go to `<workdir>/checkpoi
 mini-batch order come from the checkpointed random key, the prompts from the checkpointed data
 iterator).
 
+A CPU budget (config.max_cpu_minutes) ends the steps early: the run stops after the first step at
+whose end the training loop has used that much CPU time, and then checkpoints, saves the final
+policy and evaluates it as at num_steps. What counts is `cpu_seconds()` spent inside the loop
+(sampling, scoring, the reference forward, updates, logging, checkpoint saves), not the start-up,
+the warm-up or the held-out evaluations, which are the same work for every run of a comparison
+whatever its objective. CPU time rather than wall time, because the machine may be shared. Every
+step logs the cumulative figure, `time/cpu_seconds` (a step that is checkpointed is logged
+whatever log_every says, after its save starts), and a resumed run takes it from the step log at
+its checkpoint's step, so its budget continues rather than restarts.
+
 The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here reads the typed
 `TrainSpec`. The work directory's layout is `ksjax.run.directory.RunDirectory`'s.
 """
@@ -28,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import resource
 import shutil
 import time
 from typing import Any
@@ -67,6 +78,34 @@ class Timer:
     now = time.perf_counter()
     self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
     self._last = now
+
+
+def cpu_seconds() -> float:
+  """CPU seconds (user + system) of this process, every thread, plus those of its child processes
+  that have ended and been waited for (a pool of reward workers that lives through the run is not
+  seen until it ends; the embedded task scores in this process)."""
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@dataclasses.dataclass
+class CpuBudget:
+  """The training loop's CPU time, carried over from before a resume, and its budget.
+
+  On several hosts the budget is decided by process 0's figure, sent to every process, so that
+  all of them stop after the same step."""
+  limit: float | None      # CPU-seconds; None: no budget
+  before: float = 0.0      # CPU-seconds the loop used before this process (a resumed run)
+  _since: float = dataclasses.field(default_factory=lambda: cpu_seconds())
+
+  def used(self) -> float:
+    return self.before + cpu_seconds() - self._since
+
+  def spent(self, used: float) -> bool:
+    if self.limit is None:
+      return False
+    return bool(distributed.gather(used >= self.limit)[0])
 
 
 def run(config: Any) -> None:
@@ -126,12 +165,19 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
        + (f", dynamic sampling (at most {s.dynamic_max_rounds} rounds)"
           if s.dynamic_sampling else ""))
   writer = metrics.MetricsWriter(run_dir, resume_step=step if resumed else None)
+  budget = CpuBudget(spec.run.cpu_budget_seconds,
+                     _cpu_before(run_dir, step) if resumed and step else 0.0)
+  over = budget.spent(budget.before)
+  if over:
+    _say(f"the CPU budget ({spec.run.max_cpu_minutes} CPU-minutes) was spent by step {step}: "
+         "no more steps")
   bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
   compiles = metrics.CompileCounter()
   # Dynamic sampling pads the kept groups to whole mini-batches over the batch shards.
   group_multiple = dynamic.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
+  first_step = step
   try:
-    while step < spec.run.num_steps:
+    while step < spec.run.num_steps and not over:
       timer = Timer()
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
       state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
@@ -162,11 +208,19 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
       scalars.update(compiles.take())
       scalars["objective/k"] = float(k_now)
-      if step % spec.run.log_every == 0 or step == spec.run.num_steps:
+      scalars["time/cpu_seconds"] = used = budget.used()
+      over = budget.spent(used)
+      last = step == spec.run.num_steps or over
+      logged = step % spec.run.log_every == 0 or last
+      if logged:
         writer.write(step, scalars)
       bar.update(scalars)
-      checkpointer.save(step, state, data_iterator, spec.config_json,
-                        force=step == spec.run.num_steps)
+      saved = checkpointer.save(step, state, data_iterator, spec.config_json, force=last)
+      if saved and not logged:  # a resumed run reads its CPU time from the checkpoint's step
+        writer.write(step, scalars)
+      if over:
+        _say(f"CPU budget spent: {used / 60:.2f} of {spec.run.max_cpu_minutes} CPU-minutes "
+             f"after step {step}; stopping")
   finally:
     bar.close()
     writer.close()
@@ -175,11 +229,28 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   if int(state.skipped):
     _say(f"{int(state.skipped)} update(s) had a non-finite loss or gradient and were skipped")
   final = nnx.merge(graphdef, state.params)
+  if step > first_step and os.path.isdir(run_dir.final_dir):
+    # Resumed past an earlier end (a larger num_steps or CPU budget): that final policy is stale.
+    shutil.rmtree(run_dir.final_dir)
   if not os.path.isdir(run_dir.final_dir):
     model.save_checkpoint(run_dir.final_dir, final)
   if spec.held_out.at_end:
     _final_eval(spec, final, task, mesh, run_dir)
   _say(f"done in {time.time() - start_time:.0f}s; outputs in {run_dir.workdir}")
+
+
+def _cpu_before(run_dir: RunDirectory, step: int) -> float:
+  """The training loop's CPU seconds up to `step`, from the step log (process 0's, sent to all)."""
+  used = None
+  if distributed.is_writer():
+    used = metrics.logged_value(run_dir.metrics_jsonl, step, "time/cpu_seconds")
+  used = distributed.gather(used)[0]
+  if used is None:
+    # A run from before the budget existed, or a step log that was lost: counted from here.
+    _say(f"warning: the step log has no time/cpu_seconds at step {step}; the CPU budget "
+         "counts from this resume")
+    return 0.0
+  return used
 
 
 def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, checkpointer, mesh,

@@ -146,3 +146,14 @@ class ProgressBar:
 
   def close(self) -> None:
     self._bar.close()
+
+
+def logged_value(path: str, step: int, name: str) -> float | None:
+  """The value of `name` on step `step`'s line of the step log, or None when there is none."""
+  if not os.path.exists(path):
+    return None
+  value = None
+  for row in read_jsonl(path):
+    if row.get("step") == step and name in row:
+      value = row[name]
+  return None if value is None else float(value)
