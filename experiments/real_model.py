@@ -47,15 +47,18 @@ def _attempts_path(run: RunDirectory) -> str:
   return os.path.join(run.workdir, "attempts.json")
 
 
-def run_config(name: str, runs_dir: str) -> list[dict]:
-  """Runs (or resumes) configs/<name>.py in <runs_dir>/<name> to its end; returns its attempts."""
+def run_config(name: str, runs_dir: str, *, config: str | None = None,
+               overrides: tuple[str, ...] = ()) -> list[dict]:
+  """Runs (or resumes) configs/<name>.py in <runs_dir>/<name> to its end; returns its attempts.
+  Another study names its run `name` and gives the config file (`config`) and `--config.x=v`
+  flags (`overrides`) that make it."""
   run = RunDirectory(os.path.join(runs_dir, name))
   path = _attempts_path(run)
   attempts = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
   if _finished(run):
     return attempts
-  command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{name}.py",
-             f"--config.workdir={run.workdir}", "--config.progress_bar=False"]
+  command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{config or name}.py",
+             f"--config.workdir={run.workdir}", "--config.progress_bar=False", *overrides]
   if run.has_checkpoints():
     command.append("--config.resume=True")
   print(" ".join(command[1:]), flush=True)
@@ -70,8 +73,8 @@ def run_config(name: str, runs_dir: str) -> list[dict]:
   os.makedirs(run.workdir, exist_ok=True)
   files.write_json(path, attempts)
   if attempts[-1]["exit_status"] != 0:
-    raise SystemExit(f"configs/{name}.py stopped with status {attempts[-1]['exit_status']}; "
-                     "run the same command again to resume it")
+    raise SystemExit(f"{run.workdir} (configs/{config or name}.py) stopped with status "
+                     f"{attempts[-1]['exit_status']}; run the same command again to resume it")
   return attempts
 
 
