@@ -47,6 +47,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ksjax.errors import one_line
 from ksjax.tasks.records import data_error, data_files, read_jsonl
 
 MIN_TESTS = 5
@@ -102,11 +103,19 @@ def _arrow_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]
       batches = pyarrow.parquet.ParquetFile(file).iter_batches(batch_size=64)
     else:
       batches = iter(pyarrow.ipc.open_stream(file))
-  except (pyarrow.ArrowException, OSError) as e:
-    raise data_error(file, f"not a readable {kind} file ({e})", expected) from None
+  except (pyarrow.ArrowException, OSError, UnicodeDecodeError) as e:  # (names not UTF-8)
+    raise data_error(file, f"not a readable {kind} file ({one_line(e)})", expected) from None
   row = 0
-  for batch in batches:
-    for record in batch.to_pylist():
+  while True:
+    try:  # a file damaged after its header fails here, batch by batch
+      batch = next(batches, None)
+      records = [] if batch is None else batch.to_pylist()
+    except (pyarrow.ArrowException, OSError, UnicodeDecodeError) as e:  # (strings not UTF-8)
+      raise data_error(f"{file}:row {row}", f"not a readable {kind} file from here on "
+                       f"({one_line(e)})", expected) from None
+    if batch is None:
+      return
+    for record in records:
       yield f"{file}:row {row}", record
       row += 1
 
@@ -117,6 +126,9 @@ def _json_list_rows(file: str, expected: str) -> Iterator[tuple[str, dict[str, A
       rows = json.load(f)
   except json.JSONDecodeError as e:
     raise data_error(file, f"invalid JSON ({e.msg} at line {e.lineno})", expected) from None
+  except (UnicodeDecodeError, ValueError, RecursionError) as e:  # not UTF-8; an integer of more
+    # digits than int() takes; nesting deeper than the recursion limit
+    raise data_error(file, f"invalid JSON ({type(e).__name__}: {e})", expected) from None
   if not isinstance(rows, list):
     raise data_error(file, f"a JSON {type(rows).__name__}, not a list of objects", expected)
   for index, record in enumerate(rows):
@@ -182,16 +194,23 @@ def _cc_tests(record: Mapping[str, Any], key: str, where: str) -> list[dict[str,
 def _cc_time_limit(value: Any, where: str) -> float | None:
   if value is None:
     return None
-  if not isinstance(value, Mapping):
-    raise data_error(where, f"time_limit {value!r} is not {{seconds, nanos}}", CODE_CONTESTS_FORMAT)
-  seconds = (value.get("seconds") or 0) + (value.get("nanos") or 0) / 1e9
-  return float(seconds) if seconds > 0 else None
+  parts = (value.get("seconds") or 0, value.get("nanos") or 0) if isinstance(value, Mapping) else ()
+  if not parts or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
+    raise data_error(where, f"time_limit {value!r} is not {{seconds, nanos}} (numbers)",
+                     CODE_CONTESTS_FORMAT)
+  try:
+    seconds = float(parts[0]) + float(parts[1]) / 1e9
+  except OverflowError:  # an integer beyond any float
+    raise data_error(where, f"time_limit {value!r} is out of range", CODE_CONTESTS_FORMAT) from None
+  return seconds if seconds > 0 else None
 
 
 def _cc_solutions(value: Any) -> list[str]:
   if not isinstance(value, Mapping):
     return []
-  languages, solutions = value.get("language") or [], value.get("solution") or []
+  languages, solutions = value.get("language"), value.get("solution")
+  if not (isinstance(languages, list) and isinstance(solutions, list)):
+    return []  # optional (for the warm-up), as TACO's: malformed ones are none
   return [s for lang, s in zip(languages, solutions)
           if lang in _CC_PYTHON3 and isinstance(s, str)][:MAX_SOLUTIONS]
 
@@ -270,6 +289,9 @@ def _taco_tests(row: Mapping[str, Any], where: str, counts: _Counts
     spec = json.loads(text) if isinstance(text, str) else text
   except json.JSONDecodeError as e:
     raise data_error(where, f"input_output is not JSON ({e.msg})", TACO_FORMAT) from None
+  except (ValueError, RecursionError) as e:  # too many digits for int(); too deeply nested
+    raise data_error(where, f"input_output is not JSON ({type(e).__name__}: {e})",
+                     TACO_FORMAT) from None
   if not isinstance(spec, Mapping):
     raise data_error(where, "input_output is not a JSON object", TACO_FORMAT)
   inputs, outputs, fn_name = spec.get("inputs"), spec.get("outputs"), spec.get("fn_name")
@@ -293,7 +315,7 @@ def _taco_tests(row: Mapping[str, Any], where: str, counts: _Counts
 def _taco_solutions(value: Any) -> list[str]:
   try:
     solutions = json.loads(value) if isinstance(value, str) else value
-  except json.JSONDecodeError:
+  except (ValueError, RecursionError):  # not JSON (JSONDecodeError), too many digits, too deep
     return []
   if not isinstance(solutions, list):
     return []

@@ -51,7 +51,7 @@ def _level(value: Any, where: str, expected: str) -> int | None:
     number = value
   elif isinstance(value, str):
     text = value.removeprefix("Level ").strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or len(text) > 4:  # not "²", nor 5000 digits
       raise data_error(where, f"level {value!r} is not a level", expected)
     number = int(text)
   else:
@@ -120,7 +120,8 @@ def _math_dir_records(path: str, files: list[str]) -> Iterator[dict[str, Any]]:
     try:
       with open(file, encoding="utf-8") as f:
         record = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an integer
+      # of more digits than int() takes, nesting deeper than the recursion limit
       raise data_error(file, f"invalid JSON ({e})", MATH_DIR_FORMAT) from None
     if not isinstance(record, dict):
       raise data_error(file, f"a JSON {type(record).__name__}, not an object", MATH_DIR_FORMAT)
@@ -165,8 +166,9 @@ def read_math500_jsonl(path: str) -> Iterator[dict[str, Any]]:
 def _int_or_str(value: Any, key: str, where: str) -> int | str | None:
   if value is None or (isinstance(value, int) and not isinstance(value, bool)):
     return value
-  if isinstance(value, str):
-    return int(value) if value.strip().isdigit() else value
+  if isinstance(value, str):  # ASCII digits only ("²".isdigit() too, but int() refuses it)
+    digits = value.strip()
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 100 else value
   raise data_error(where, f"field {key!r} is {type(value).__name__}, not a string or int",
                    HARP_FORMAT)
 

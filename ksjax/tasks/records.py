@@ -84,18 +84,29 @@ def read_jsonl(path: str, expected: str, *, allow_empty: bool = True
     allow_empty: False raises DataError for a file without records (once it is read through).
 
   Raises:
-    DataError: naming the file and line of the first line that is not a JSON object.
+    DataError: naming the file and line of the first line that is not a JSON object (or not
+      UTF-8 text).
   """
   count = 0
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
+  # Lines are split on b"\n" (JSON Lines' separator, "\r\n" included) and decoded one by one,
+  # so that a line that is not UTF-8 is named like a line that is not JSON.
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      where = f"{path}:{line_number}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise data_error(where, f"not UTF-8 text (byte {e.start + 1}: {e.reason})",
+                         expected) from None
       if not line.strip():
         continue
-      where = f"{path}:{line_number}"
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
         raise data_error(where, f"invalid JSON ({e.msg} at column {e.colno})", expected) from None
+      except (ValueError, RecursionError) as e:  # an integer of more digits than int() takes,
+        # or nesting deeper than the recursion limit: JSON, but not what a record can be
+        raise data_error(where, f"invalid JSON ({type(e).__name__}: {e})", expected) from None
       if not isinstance(record, dict):
         raise data_error(where, f"a JSON {type(record).__name__}, not an object", expected)
       count += 1
