@@ -159,6 +159,16 @@ def table(summary: dict[str, dict]) -> str:
   return "\n".join(lines)
 
 
+def _relative_workdir(config_path: str, runs_dir: str, name: str) -> None:
+  """The copied config names its work directory relative to the repository (the trainer records
+  it absolute), so that the published files name no path of the machine that ran them."""
+  with open(config_path, encoding="utf-8") as f:
+    config = json.load(f)
+  workdir = os.path.relpath(os.path.join(runs_dir, name), REPO)
+  config["workdir"] = os.path.join("<runs_dir>", name) if workdir.startswith(os.pardir) else workdir
+  files.write_json(config_path, config, sort_keys=True)
+
+
 def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
             max_cpu_minutes: float, num_steps: int, quick: bool = False) -> str:
   """Writes the README, summary.json and each run's files to `out`; returns the table."""
@@ -168,21 +178,23 @@ def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
   summary = {name: summarize(name, runs_dir) for name in RUNS}
   differences = dynamic_minus_static(runs_dir)
   commits = sorted({a["commit"] for runs in attempts.values() for a in runs})
+  collected_at = real_model._commit()  # pylint: disable=protected-access
   os.makedirs(out, exist_ok=True)
   for name in RUNS:
     run = RunDirectory(os.path.join(runs_dir, name))
     os.makedirs(os.path.join(out, name), exist_ok=True)
     for path in real_model._copied(run):  # pylint: disable=protected-access
       shutil.copyfile(path, os.path.join(out, name, os.path.basename(path)))
+    _relative_workdir(os.path.join(out, name, os.path.basename(run.config_json)), runs_dir, name)
   text = table(summary)
   lines = ["# Dynamic sampling at an equal CPU budget", ""]
   if quick:
     lines += ["**A smoke run (`--quick`, a tiny untrained model): not a measurement.**", ""]
   lines += [
-      f"Produced by `python experiments/dynamic_sampling.py` at commit "
-      f"{', '.join(c[:7] for c in commits)}: four runs on the embedded task, each stopped by a "
-      f"budget of {max_cpu_minutes:g} CPU-minutes of its training loop (ceiling {num_steps} "
-      "steps), then evaluated on the held-out split. Gains are end minus start per held-out "
+      f"Produced by `python experiments/dynamic_sampling.py`: four runs on the embedded task "
+      f"(trained at commit {', '.join(c[:7] for c in commits)}, collected at "
+      f"{collected_at[:7]}), each stopped by a budget of {max_cpu_minutes:g} CPU-minute(s) of "
+      f"its training loop (ceiling {num_steps} steps), then evaluated on the held-out split. Gains are end minus start per held-out "
       "problem, averaged; the standard error is over the problems (one training seed per run, "
       "so it leaves out the spread between seeds).", "", text, "",
       "End pass@k with dynamic sampling minus without, paired over the held-out problems:", ""]
@@ -193,7 +205,7 @@ def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
   lines.append("")
   files.write_json(os.path.join(out, "summary.json"),
                    {"max_cpu_minutes": max_cpu_minutes, "num_steps": num_steps, "quick": quick,
-                    "commits": commits, "runs": summary,
+                    "commits": commits, "collected_at": collected_at, "runs": summary,
                     "dynamic_minus_static": differences, "attempts": attempts})
   files.write_text(os.path.join(out, "README.md"), "\n".join(lines))
   print(text)

@@ -30,7 +30,7 @@ def _finished_run(runs_dir, name, start_correct, end_correct, cpu_seconds, steps
   rows = [{"step": s, "time/cpu_seconds": cpu_seconds * s / steps} for s in range(1, steps + 1)]
   _write(run.metrics_jsonl, "".join(json.dumps(r) + "\n" for r in rows))
   _write(run.held_out_table, f"table of {name}\n")
-  _write(run.config_json, "{}")
+  _write(run.config_json, {"workdir": run.workdir})
 
 
 def test_the_table_has_each_runs_gain_per_cpu_minute(study, tmp_path):
@@ -54,7 +54,10 @@ def test_the_table_has_each_runs_gain_per_cpu_minute(study, tmp_path):
   assert summary["dynamic_minus_static"]["mean"]["pass@4"]["difference"] > 0
   assert "| pass@4 leave-one-out + dynamic sampling | 5 | 4.00 |" in text
   readme = (out / "README.md").read_text()
-  assert text in readme and "at commit ccccccc" in readme and "smoke" not in readme
+  assert text in readme and "trained at commit ccccccc" in readme and "smoke" not in readme
+  # The trainer records its work directory absolute; the published copy names no local path.
+  config = json.loads((out / "mean" / "config.json").read_text())
+  assert config["workdir"] == os.path.join("<runs_dir>", "mean")
   assert sorted(os.listdir(out / "mean")) == ["config.json", "eval_end.json", "eval_start.json",
                                               "eval_table.txt", "metrics.jsonl"]
 
