@@ -56,6 +56,14 @@ class LlamaConfig:
   tie_embeddings: bool = False
   param_dtype: str = "float32"
   dtype: str = "float32"
+  # The operand dtype of the weight matmuls (q/k/v/o, the MLP, the lm head), accumulated and
+  # returned in float32 and then cast to `dtype`; None: `dtype` itself (the plain path). With
+  # dtype float32 and matmul_dtype bfloat16 everything else (the residual stream, norms,
+  # attention over the cache, softmax) stays float32: on a CPU with bfloat16 matrix units (AMX)
+  # XLA runs bfloat16-operand dots with float32 results 3-5x faster than float32 dots, while
+  # bfloat16 results, bfloat16 attention and elementwise ops are slower than float32 there
+  # (benchmarks/real_model.py --parts=precision). It is TPU's default matmul precision.
+  matmul_dtype: str | None = None
   value_head: bool = False
   # Rematerialise each decoder block in the backward pass and run the blocks as a scan over
   # layers (`Llama.scanned_blocks`): one block's activations and gathered weights live at a time.
@@ -65,6 +73,11 @@ class LlamaConfig:
     if isinstance(self.rope_scaling, Mapping):
       object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
     validate(self)
+
+  @property
+  def operand_dtype(self) -> str:
+    """The dtype the weight matmuls' operands are cast to (`matmul_dtype`, else `dtype`)."""
+    return self.matmul_dtype or self.dtype
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -96,6 +109,9 @@ def validate(cfg: LlamaConfig) -> None:
     if getattr(cfg, name) not in DTYPES:
       raise ConfigError(f"LlamaConfig.{name}={getattr(cfg, name)!r} is not accepted; expected one "
                         f"of {', '.join(map(repr, DTYPES))}")
+  if cfg.matmul_dtype is not None and cfg.matmul_dtype not in DTYPES:
+    raise ConfigError(f"LlamaConfig.matmul_dtype={cfg.matmul_dtype!r} is not accepted; expected "
+                      f"None or one of {', '.join(map(repr, DTYPES))}")
   if not (math.isfinite(cfg.rope_theta) and cfg.rope_theta > 0):
     raise ConfigError(f"LlamaConfig.rope_theta={cfg.rope_theta!r} is not accepted; expected > 0")
   if not (math.isfinite(cfg.rms_norm_eps) and cfg.rms_norm_eps > 0):

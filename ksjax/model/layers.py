@@ -31,6 +31,23 @@ def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], cfg: LlamaConfig) -> nnx.
   return nnx.Param(_INIT(rngs.params(), shape, jnp.dtype(cfg.param_dtype)))
 
 
+def project(x: jax.Array, w: jax.Array, dtype: str, matmul_dtype: str | None,
+            spec: str | None = None) -> jax.Array:
+  """Activations times a weight matrix (`x @ w`, or the einsum `spec`), returned in `dtype`.
+
+  Without a `matmul_dtype` (or with one equal to `dtype`) both operands are cast to `dtype`, the
+  plain product. With one, both operands are cast to it and the product is accumulated and
+  returned in float32, then cast to `dtype` (see `LlamaConfig.matmul_dtype` for why).
+  """
+  if matmul_dtype is None or jnp.dtype(matmul_dtype) == jnp.dtype(dtype):
+    w = w.astype(dtype)
+    return x @ w if spec is None else jnp.einsum(spec, x, w)
+  md = jnp.dtype(matmul_dtype)
+  out = jnp.einsum(spec or "...d,df->...f", x.astype(md), w.astype(md),
+                   preferred_element_type=jnp.float32)
+  return out.astype(dtype)
+
+
 class RMSNorm(nnx.Module):
   """y = scale * x / sqrt(mean(x^2) + eps), the statistics in float32."""
 
@@ -121,19 +138,21 @@ class Attention(nnx.Module):
     self.v_proj = init_param(rngs, (d, k, h), cfg)  # [D, K, H]
     self.o_proj = init_param(rngs, (n, h, d), cfg)  # [N, H, D]
     self.dtype = jnp.dtype(cfg.dtype)
+    self.matmul_dtype = cfg.matmul_dtype
+
+  def _project(self, spec: str, x: jax.Array, p: nnx.Param) -> jax.Array:
+    return project(x, p[...], self.dtype, self.matmul_dtype, spec)
 
   def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
     """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H]."""
-    w = lambda p: p[...].astype(self.dtype)
-    q = constrain(jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)), "btnh")
-    k = constrain(jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj)), "btkh")
-    v = constrain(jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj)), "btkh")
+    q = constrain(self._project("btd,dnh->btnh", x_btd, self.q_proj), "btnh")
+    k = constrain(self._project("btd,dkh->btkh", x_btd, self.k_proj), "btkh")
+    v = constrain(self._project("btd,dkh->btkh", x_btd, self.v_proj), "btkh")
     return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
 
   def out(self, attn_btnh: jax.Array) -> jax.Array:
     attn_btnh = constrain(attn_btnh, "btnh")
-    return constrain(jnp.einsum("btnh,nhd->btd", attn_btnh, self.o_proj[...].astype(self.dtype)),
-                     "btd")
+    return constrain(self._project("btnh,nhd->btd", attn_btnh, self.o_proj), "btd")
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
     q, k, v = self.qkv(x_btd, cos_bth, sin_bth)
@@ -149,12 +168,13 @@ class MLP(nnx.Module):
     self.up_proj = init_param(rngs, (d, f), cfg)    # [D, F]
     self.down_proj = init_param(rngs, (f, d), cfg)  # [F, D]
     self.dtype = jnp.dtype(cfg.dtype)
+    self.matmul_dtype = cfg.matmul_dtype
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
-    w = lambda p: p[...].astype(self.dtype)
-    gate_btf = jax.nn.silu(constrain(x_btd @ w(self.gate_proj), "btf"))
-    hidden_btf = constrain(gate_btf * constrain(x_btd @ w(self.up_proj), "btf"), "btf")
-    return constrain(hidden_btf @ w(self.down_proj), "btd")
+    mm = lambda x, p: project(x, p[...], self.dtype, self.matmul_dtype)
+    gate_btf = jax.nn.silu(constrain(mm(x_btd, self.gate_proj), "btf"))
+    hidden_btf = constrain(gate_btf * constrain(mm(x_btd, self.up_proj), "btf"), "btf")
+    return constrain(mm(hidden_btf, self.down_proj), "btd")
 
 
 class DecoderLayer(nnx.Module):

@@ -11,6 +11,8 @@ Two forwards share the same layers:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -41,12 +43,24 @@ def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> C
           "v": [jnp.zeros((b, k, s, h), dtype) for _ in range(cfg.num_layers)]}
 
 
-def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int) -> jax.Array:
+def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int,
+                operand_dtype=None) -> jax.Array:
   """float32 logits [B, T, V'] of hidden states against a head matrix [V', D] (vocab_axis 0) or
-  [D, V'] (vocab_axis 1)."""
+  [D, V'] (vocab_axis 1), both operands in `operand_dtype` (default: the hidden states')."""
   spec = "btd,vd->btv" if vocab_axis == 0 else "btd,dv->btv"
-  return jnp.einsum(spec, hidden_btd, w.astype(hidden_btd.dtype),
+  dtype = hidden_btd.dtype if operand_dtype is None else operand_dtype
+  return jnp.einsum(spec, hidden_btd.astype(dtype), w.astype(dtype),
                     preferred_element_type=jnp.float32)
+
+
+def with_config(llama: "Llama", **changes) -> "Llama":
+  """`llama` under a LlamaConfig with `changes`: the same parameter arrays (not copied, their
+  shardings kept) in a module structure built from the new config. For fields that change how
+  the model computes but not its parameters (`matmul_dtype`, `remat`): the layers take theirs
+  from the config when they are built, so setting `llama.cfg` alone would not reach them."""
+  cfg = dataclasses.replace(llama.cfg, **changes)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+  return nnx.merge(graphdef, nnx.state(llama))
 
 
 class Llama(nnx.Module):
@@ -84,7 +98,7 @@ class Llama(nnx.Module):
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T, V] from final hidden states."""
     w, vocab_axis = self.head_weight()
-    return constrain(head_logits(hidden_btd, w.astype(self.cfg.dtype), vocab_axis), "btv")
+    return constrain(head_logits(hidden_btd, w, vocab_axis, self.cfg.operand_dtype), "btv")
 
   def value(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T] scalar values (PPO critic); needs cfg.value_head."""

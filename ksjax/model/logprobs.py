@@ -28,8 +28,12 @@ _MASKED = -1e30
 def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
                      targets_bn: jax.Array, temperature: float = 1.0,
                      seq_chunk: int = DEFAULT_SEQ_CHUNK,
-                     vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
+                     vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+                     operand_dtype=None) -> tuple[jax.Array, jax.Array]:
   """log softmax(h @ W / temperature)[target] and the entropy of that softmax, float32 [B, N].
+
+  The product h @ W takes both operands in `operand_dtype` (default: h's dtype), accumulated in
+  float32, as `Llama.logits` computes it (`LlamaConfig.operand_dtype`).
 
   `w` is the head matrix, [V, D] when `vocab_axis` is 0 or [D, V] when 1; it is sliced, never
   copied whole. Peak extra memory is O(B * seq_chunk * vocab_chunk) rather than O(B * N * V).
@@ -48,7 +52,8 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
   vc = min(vocab_chunk, vs)
   n_chunks, n_vocab = -(-n // c), -(-vs // vc)
   pad = n_chunks * c - n
-  h_kbcd = jnp.pad(hidden_bnd, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, c, d)
+  operand_dtype = hidden_bnd.dtype if operand_dtype is None else operand_dtype
+  h_kbcd = jnp.pad(hidden_bnd.astype(operand_dtype), ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, c, d)
   h_kbcd = h_kbcd.transpose(1, 0, 2, 3)
   tgt_kbc = jnp.pad(targets_bn, ((0, 0), (0, pad))).reshape(b, n_chunks, c).transpose(1, 0, 2)
   inv_temp = 1.0 / temperature
@@ -63,7 +68,7 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
     # The last slice is shifted back to stay in range; columns already seen are masked out.
     start = jnp.minimum(i * vc, vs - vc)
     w_slice = jax.lax.dynamic_slice_in_dim(w_split, start, vc, axis=slice_axis)
-    z_bcsv = jnp.einsum(spec, h_bcd, w_slice.astype(h_bcd.dtype),
+    z_bcsv = jnp.einsum(spec, h_bcd, w_slice.astype(operand_dtype),
                         preferred_element_type=jnp.float32) * inv_temp
     local_v = start + jnp.arange(vc)
     fresh_v = local_v >= i * vc
@@ -111,7 +116,8 @@ def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | N
   hidden_btd = llama.hidden(tokens_bt, attention_mask=mask_bt)
   w, vocab_axis = llama.head_weight()
   logp_bn, ent_bn = chunked_logprobs(hidden_btd[:, :-1], w, vocab_axis, tokens_bt[:, 1:],
-                                     temperature, seq_chunk, vocab_chunk)
+                                     temperature, seq_chunk, vocab_chunk,
+                                     llama.cfg.operand_dtype)
   keep_bn = mask_bt[:, 1:] & mask_bt[:, :-1]
   pad = jnp.zeros((b, 1), jnp.float32)
   logp_bt = jnp.concatenate([pad, jnp.where(keep_bn, logp_bn, 0.0)], axis=1)

@@ -73,6 +73,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.intermediate_size = config_dict.placeholder(int)
   c.model.tie_embeddings = config_dict.placeholder(bool)  # None: the preset's
   c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
+  # The weight matmuls' operand dtype (float32 accumulation), None: model.dtype. bfloat16 with
+  # dtype float32 keeps float32 weights and activations and runs the projections on bfloat16
+  # matrix units (ksjax/model/config.py, LlamaConfig.matmul_dtype).
+  c.model.matmul_dtype = config_dict.placeholder(str)
   c.model.remat = False  # rematerialise decoder blocks in the backward pass
   c.mesh = (-1, 1, 1)  # (data, fsdp, tensor) device counts; -1: the remaining devices
 

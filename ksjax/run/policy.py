@@ -46,7 +46,8 @@ def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> mode
   if cfg.vocab_size < vocab_size:
     raise ConfigError(f"the model's vocab_size={cfg.vocab_size} is smaller than the task "
                       f"tokenizer's {vocab_size}; expected a model for this tokenizer")
-  return dataclasses.replace(cfg, value_head=value_head, remat=spec.remat)
+  return dataclasses.replace(cfg, value_head=value_head, remat=spec.remat,
+                             matmul_dtype=spec.matmul_dtype)
 
 
 def with_value_head(llama: model.Llama) -> model.Llama:
@@ -79,6 +80,7 @@ def build_model(spec: ModelSpec, vocab_size: int, mesh: jax.sharding.Mesh, *, va
       llama = model.shard(with_value_head(llama), mesh)
   else:
     llama = distributed.create_sharded(lambda: model.Llama(cfg, rngs=nnx.Rngs(seed)), mesh)
-  if llama.cfg.remat != cfg.remat:
-    llama.cfg = dataclasses.replace(llama.cfg, remat=cfg.remat)
-  return llama
+  # How it computes (not its parameters) comes from the spec, whatever file it was read from.
+  changes = {f: getattr(cfg, f) for f in ("remat", "matmul_dtype")
+             if getattr(llama.cfg, f) != getattr(cfg, f)}
+  return model.with_config(llama, **changes) if changes else llama

@@ -184,9 +184,11 @@ class ModelSpec(_Spec):
   intermediate_size: int | None = None
   tie_embeddings: bool | None = None  # None: the preset's
   dtype: str = "float32"              # parameters and compute
+  matmul_dtype: str | None = None     # the weight matmuls' operands (LlamaConfig.matmul_dtype)
   remat: bool = False                 # scan rematerialised decoder blocks in the backward pass
 
-  CONFIG = {f: f"model.{f}" for f in ("preset", *PRESET_OVERRIDES, "dtype", "remat")}
+  CONFIG = {f: f"model.{f}" for f in ("preset", *PRESET_OVERRIDES, "dtype", "matmul_dtype",
+                                      "remat")}
 
   def __post_init__(self):
     c = self._view()
@@ -200,6 +202,8 @@ class ModelSpec(_Spec):
     if self.tie_embeddings is not None:
       cv.boolean(c, "model.tie_embeddings")
     cv.choice(c, "model.dtype", model_config.DTYPES)
+    if self.matmul_dtype is not None:
+      cv.choice(c, "model.matmul_dtype", model_config.DTYPES)
     cv.boolean(c, "model.remat")
 
   @property
