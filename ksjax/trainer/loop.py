@@ -229,9 +229,12 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   if int(state.skipped):
     _say(f"{int(state.skipped)} update(s) had a non-finite loss or gradient and were skipped")
   final = nnx.merge(graphdef, state.params)
-  if step > first_step and os.path.isdir(run_dir.final_dir):
-    # Resumed past an earlier end (a larger num_steps or CPU budget): that final policy is stale.
-    shutil.rmtree(run_dir.final_dir)
+  if step > first_step:
+    # Resumed past an earlier end (a larger num_steps or CPU budget), a final policy is stale:
+    # one process removes it while the others wait.
+    if distributed.is_writer() and os.path.isdir(run_dir.final_dir):
+      shutil.rmtree(run_dir.final_dir)
+    distributed.gather(None)
   if not os.path.isdir(run_dir.final_dir):
     model.save_checkpoint(run_dir.final_dir, final)
   if spec.held_out.at_end:
