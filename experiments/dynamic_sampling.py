@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -159,16 +158,6 @@ def table(summary: dict[str, dict]) -> str:
   return "\n".join(lines)
 
 
-def _relative_workdir(config_path: str, runs_dir: str, name: str) -> None:
-  """The copied config names its work directory relative to the repository (the trainer records
-  it absolute), so that the published files name no path of the machine that ran them."""
-  with open(config_path, encoding="utf-8") as f:
-    config = json.load(f)
-  workdir = os.path.relpath(os.path.join(runs_dir, name), REPO)
-  config["workdir"] = os.path.join("<runs_dir>", name) if workdir.startswith(os.pardir) else workdir
-  files.write_json(config_path, config, sort_keys=True)
-
-
 def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
             max_cpu_minutes: float, num_steps: int, quick: bool = False) -> str:
   """Writes the README, summary.json and each run's files to `out`; returns the table."""
@@ -181,11 +170,7 @@ def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
   collected_at = real_model._commit()  # pylint: disable=protected-access
   os.makedirs(out, exist_ok=True)
   for name in RUNS:
-    run = RunDirectory(os.path.join(runs_dir, name))
-    os.makedirs(os.path.join(out, name), exist_ok=True)
-    for path in real_model._copied(run):  # pylint: disable=protected-access
-      shutil.copyfile(path, os.path.join(out, name, os.path.basename(path)))
-    _relative_workdir(os.path.join(out, name, os.path.basename(run.config_json)), runs_dir, name)
+    real_model.publish_run(runs_dir, name, out)
   text = table(summary)
   lines = ["# Dynamic sampling at an equal CPU budget", ""]
   if quick:

