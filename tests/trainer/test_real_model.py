@@ -27,7 +27,9 @@ TINY = ("--config.num_steps=2", "--config.batch_prompts=2", "--config.k=2",
         "--config.arithmetic.test_per_level=1", "--config.arithmetic.levels=(1,)",
         "--config.eval.num_samples=2", "--config.eval.ks=(1,2)", "--config.eval.batch_prompts=1",
         "--config.checkpoint_every=1", "--config.progress_bar=False",
-        "--config.async_checkpoints=False")
+        "--config.async_checkpoints=False",
+        # 4 rows per update, in micro-batches of 2 (the config's 8 does not divide 4)
+        "--config.micro_batch_size=2")
 
 
 def _main(workdir, *flags):
