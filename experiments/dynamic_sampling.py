@@ -40,7 +40,6 @@ the test suite runs) is exempt and says in its README that it is not a measureme
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -52,7 +51,6 @@ sys.path.insert(0, REPO)
 # pylint: disable=wrong-import-position
 from experiments import real_model
 from ksjax import files
-from ksjax.objectives import estimates
 from ksjax.run.directory import RunDirectory
 from ksjax.trainer import metrics
 # pylint: enable=wrong-import-position
@@ -99,23 +97,11 @@ def run_all(runs_dir: str, *, max_cpu_minutes: float, num_steps: int,
 # The numbers
 # ---------------------------------------------------------------------------------------------
 
-def _per_problem(path: str) -> dict[int, np.ndarray]:
-  """Held-out pass@k per problem (k in KS) from a run's eval_start/eval_end.json."""
-  with open(path, encoding="utf-8") as f:
-    result = json.load(f)
-  correct = np.asarray(result["num_correct"], np.int64)
-  return estimates.pass_at_ks(correct, result["num_samples"], KS)
-
-
-def _stderr(diff: np.ndarray) -> float:
-  return float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
-
-
 def summarize(name: str, runs_dir: str) -> dict:
   """One finished run's numbers."""
   run = RunDirectory(os.path.join(runs_dir, name))
-  start = _per_problem(run.held_out_json("start"))
-  end = _per_problem(run.held_out_json("end"))
+  start = real_model.per_problem_pass_at_k(run.held_out_json("start"), KS)
+  end = real_model.per_problem_pass_at_k(run.held_out_json("end"), KS)
   rows = metrics.read_jsonl(run.metrics_jsonl)
   cpu_minutes = rows[-1]["time/cpu_seconds"] / 60
   prompts = sum(row.get("dynamic/prompts_consumed", 0.0) for row in rows)
@@ -126,7 +112,7 @@ def summarize(name: str, runs_dir: str) -> dict:
   for k in KS:
     gain = end[k] - start[k]
     out[f"pass@{k}"] = {"start": float(start[k].mean()), "end": float(end[k].mean()),
-                        "gain": float(gain.mean()), "gain_stderr": _stderr(gain),
+                        "gain": float(gain.mean()), "gain_stderr": real_model.stderr(gain),
                         "gain_per_cpu_minute": float(gain.mean()) / cpu_minutes}
   return out
 
@@ -135,10 +121,12 @@ def dynamic_minus_static(runs_dir: str) -> dict[str, dict[str, dict[str, float]]
   """End pass@k of each objective with dynamic sampling minus without, paired over problems."""
   out = {}
   for static in ("pass_at_k", "mean"):
-    a = _per_problem(RunDirectory(os.path.join(runs_dir, static + "_dynamic")).held_out_json("end"))
-    b = _per_problem(RunDirectory(os.path.join(runs_dir, static)).held_out_json("end"))
+    a = real_model.per_problem_pass_at_k(
+        RunDirectory(os.path.join(runs_dir, static + "_dynamic")).held_out_json("end"), KS)
+    b = real_model.per_problem_pass_at_k(
+        RunDirectory(os.path.join(runs_dir, static)).held_out_json("end"), KS)
     out[static] = {f"pass@{k}": {"difference": float((a[k] - b[k]).mean()),
-                                 "stderr": _stderr(a[k] - b[k])} for k in KS}
+                                 "stderr": real_model.stderr(a[k] - b[k])} for k in KS}
   return out
 
 
@@ -146,7 +134,7 @@ def table(summary: dict[str, dict]) -> str:
   """The markdown table of the four runs."""
   head = ["run", "steps", "CPU-min"]
   for k in KS:
-    head += [f"pass@{k} start → end", f"gain ± s.e.", f"gain per CPU-min"]
+    head += [f"pass@{k} start → end", "gain ± s.e.", "gain per CPU-min"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for s in summary.values():
     cells = [s["label"], f"{s['steps']}", f"{s['cpu_minutes']:.2f}"]

@@ -28,10 +28,15 @@ import time
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, REPO)
 
+import numpy as np  # pylint: disable=wrong-import-position
+
 from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax.objectives import estimates  # pylint: disable=wrong-import-position
 from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
+from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
 
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "real_model")
+PAIRED_KS = (1, 4, 16, 64)  # the held-out pass@k whose changes are paired over problems
 
 def _copied(run: RunDirectory) -> list[str]:
   """The files of a finished run that the results keep."""
@@ -130,6 +135,46 @@ def _dirty() -> bool:
   return bool(out.strip())
 
 
+def per_problem_pass_at_k(held_out_json: str, ks) -> dict[int, np.ndarray]:
+  """Held-out pass@k per problem from a run's eval_start/eval_end.json, for the k in `ks` that its
+  samples per problem allow."""
+  with open(held_out_json, encoding="utf-8") as f:
+    result = json.load(f)
+  correct = np.asarray(result["num_correct"], np.int64)
+  n = result["num_samples"]
+  return estimates.pass_at_ks(correct, n, [k for k in ks if k <= n])
+
+
+def stderr(diff: np.ndarray) -> float:
+  """The standard error of the mean of per-problem differences."""
+  return float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+
+
+def _paired(diffs: dict[int, np.ndarray]) -> str:
+  return ", ".join(f"pass@{k} {d.mean():+.3f} ± {stderr(d):.3f}" for k, d in diffs.items())
+
+
+def paired_lines(names: list[str], runs_dir: str) -> list[str]:
+  """Each run's held-out change, paired over the problems (change ± standard error), its KL to
+  the start at its last logged step, and, for two runs, the first's end minus the second's."""
+  runs = {name: RunDirectory(os.path.join(runs_dir, name)) for name in names}
+  start = {n: per_problem_pass_at_k(r.held_out_json("start"), PAIRED_KS) for n, r in runs.items()}
+  end = {n: per_problem_pass_at_k(r.held_out_json("end"), PAIRED_KS) for n, r in runs.items()}
+  problems = len(next(iter(start.values()))[1])
+  lines = [f"Paired over the {problems} held-out problems (change ± standard error of the mean "
+           "over problems; one training seed per run):", ""]
+  for name, run in runs.items():
+    kl = [row for row in metrics.read_jsonl(run.metrics_jsonl) if "kl/k3" in row]
+    lines.append(f"- `{name}`: {_paired({k: end[name][k] - start[name][k] for k in end[name]})}"
+                 + (f"; KL to the start (k3) {kl[-1]['kl/k3']:.2f} at step {kl[-1]['step']}"
+                    if kl else ""))
+  if len(names) == 2:
+    a, b = names
+    lines.append(f"- end of `{a}` minus end of `{b}`: "
+                 f"{_paired({k: end[a][k] - end[b][k] for k in end[a] if k in end[b]})}")
+  return lines + [""]
+
+
 def collect(names: list[str], runs_dir: str, out: str) -> None:
   """Copies each run's results to `out` and writes the README with their tables."""
   os.makedirs(out, exist_ok=True)
@@ -153,6 +198,7 @@ def collect(names: list[str], runs_dir: str, out: str) -> None:
               f"Wall time {wall / 60:.1f} min in {len(attempts)} attempt(s), peak resident "
               f"memory {peak / 2**30:.2f} GiB, at commit {attempts[-1]['commit'][:7]}.", "",
               "```", table, "```", ""]
+  lines += paired_lines(names, runs_dir)
   files.write_json(os.path.join(out, "provenance.json"), provenance)
   files.write_text(os.path.join(out, "README.md"), "\n".join(lines))
   print(f"wrote {out}")

@@ -21,12 +21,15 @@ def study():
   return module
 
 
-def _finished_run(runs_dir, name, attempts):
+def _finished_run(runs_dir, name, attempts, end_correct=(0, 2), metrics_line='{"step": 1}'):
+  """A finished run of two held-out problems, 4 samples each: 0 and 2 correct at the start."""
   run = RunDirectory(str(runs_dir / name))
   os.makedirs(run.final_dir)
+  held_out = lambda correct: json.dumps({"num_samples": 4, "num_correct": list(correct)})
   for path, text in ((run.held_out_table, f"table of {name}\npass@1 0.1 0.2\n"),
-                     (run.held_out_json("start"), "{}"), (run.held_out_json("end"), "{}"),
-                     (run.metrics_jsonl, '{"step": 1}\n'), (run.config_json, "{}")):
+                     (run.held_out_json("start"), held_out((0, 2))),
+                     (run.held_out_json("end"), held_out(end_correct)),
+                     (run.metrics_jsonl, metrics_line + "\n"), (run.config_json, "{}")):
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)
   with open(os.path.join(run.workdir, "attempts.json"), "w", encoding="utf-8") as f:
@@ -38,7 +41,8 @@ def test_finished_runs_are_collected_not_rerun(study, tmp_path):
   first = {"wall_seconds": 600.0, "peak_rss_bytes": 2 * 2**30, "resumed": False,
            "exit_status": 0, "commit": "a" * 40}
   second = dict(first, wall_seconds=300.0, peak_rss_bytes=3 * 2**30, resumed=True)
-  _finished_run(runs, "one", [first, second])
+  _finished_run(runs, "one", [first, second], end_correct=(4, 2),
+                metrics_line='{"step": 5, "kl/k3": 0.25}')
   _finished_run(runs, "two", [first])
   # A finished run returns its attempts without launching anything.
   assert study.run_config("one", str(runs)) == [first, second]
@@ -48,6 +52,14 @@ def test_finished_runs_are_collected_not_rerun(study, tmp_path):
   assert "table of one" in readme and "table of two" in readme
   assert "Wall time 15.0 min in 2 attempt(s), peak resident memory 3.00 GiB" in readme
   assert "Wall time 10.0 min in 1 attempt(s)" in readme
+  # Paired over the 2 problems: one goes from 0 to 4 of 4 correct (pass@1 +1), the other stays
+  # at 2 of 4 (pass@1 0.5, pass@4 1); the standard error is std([1, 0]) / sqrt(2) = 0.5.
+  assert "Paired over the 2 held-out problems" in readme
+  # (pass@16 and pass@64 need 16 and 64 samples: not reported from 4)
+  assert ("- `one`: pass@1 +0.500 ± 0.500, pass@4 +0.500 ± 0.500; KL to the start (k3) 0.25 at "
+          "step 5") in readme
+  assert "- `two`: pass@1 +0.000 ± 0.000, pass@4 +0.000 ± 0.000" in readme
+  assert "- end of `one` minus end of `two`: pass@1 +0.500 ± 0.500" in readme
   for name in ("one", "two"):
     assert sorted(os.listdir(out / name)) == ["config.json", "eval_end.json", "eval_start.json",
                                               "eval_table.txt", "metrics.jsonl"]
