@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Any
 
 import gguf
@@ -91,6 +92,36 @@ def gguf_name(hf_name: str) -> str:
 # The file and its metadata
 # ---------------------------------------------------------------------------------------------
 
+class _BoundedReader(gguf.GGUFReader):
+  """gguf's reader, refusing what lies past the end of the file.
+
+  gguf's own returns a read past the end short (an empty array, for a length field cut off) and
+  reads an array's elements one by one, a Python object each: a corrupt array length (a flipped
+  byte: billions) then loops and allocates for as many elements as it says, past the end of the
+  file as well. Here a short read is an error, and so is an array whose elements, at their
+  smallest, cannot fit in the rest of the file.
+  """
+
+  def _get(self, offset, dtype, count=1, override_order=None):
+    out = super()._get(offset, dtype, count, override_order)
+    if len(out) != int(count):
+      raise ValueError(f"{int(count)} x {np.dtype(dtype).name} at byte {offset} run past the end "
+                       f"of the file ({len(self.data)} bytes)")
+    return out
+
+  def _get_field_parts(self, orig_offs, raw_type):
+    if raw_type == gguf.GGUFValueType.ARRAY:
+      item_type = int(self._get(orig_offs, np.uint32)[0])
+      count = int(self._get(orig_offs + 4, np.uint64)[0])
+      scalar = self.gguf_scalar_to_np.get(item_type)
+      smallest = (np.dtype(scalar).itemsize if scalar is not None else  # a string: its length;
+                  8 if item_type == gguf.GGUFValueType.STRING else 12)  # an array: type, length
+      if count * smallest > len(self.data) - orig_offs - 12:
+        raise ValueError(f"an array at byte {orig_offs} claims {count} elements, more than the "
+                         f"{len(self.data)}-byte file holds")
+    return super()._get_field_parts(orig_offs, raw_type)
+
+
 def open_gguf(path: str) -> gguf.GGUFReader:
   """Parses the header of `path` (tensor data stays memory-mapped); GGUFError if it cannot.
 
@@ -108,7 +139,7 @@ def open_gguf(path: str) -> gguf.GGUFReader:
   if magic != b"GGUF":
     raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}; a GGUF starts with b'GGUF')")
   try:
-    return gguf.GGUFReader(path)
+    return _BoundedReader(path)
   except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
     # The reader indexes past the end of a truncated memory map (or reads garbage as lengths).
     raise GGUFError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: "
@@ -147,10 +178,25 @@ def _meta(reader: gguf.GGUFReader, path: str, key: str, default: Any = _REQUIRED
     if default is _REQUIRED:
       raise GGUFError(f"{path}: metadata lacks {key!r}; a llama GGUF has it")
     return default
-  value = _value(field)
+  try:
+    value = _value(field)
+  except UnicodeDecodeError as e:
+    raise GGUFError(f"{path}: metadata {key!r} holds text that is not UTF-8 ({e.reason} at byte "
+                    f"{e.start}); expected UTF-8, as GGUF strings are") from None
   if kind is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is int):
     raise GGUFError(f"{path}: metadata {key!r} is {value!r} ({type(value).__name__}); expected "
                     f"{getattr(kind, '__name__', kind)}")
+  return value
+
+
+def _list(reader: gguf.GGUFReader, path: str, key: str, element: type,
+          default: Any = _REQUIRED) -> list[Any]:
+  """Metadata array `key`, every element of type `element` (bool is no int here)."""
+  value = _meta(reader, path, key, default=default, kind=list)
+  bad = next((v for v in value if not isinstance(v, element) or isinstance(v, bool)), None)
+  if bad is not None:
+    raise GGUFError(f"{path}: metadata {key!r} holds {bad!r} ({type(bad).__name__}); expected a "
+                    f"list of {element.__name__}")
   return value
 
 
@@ -207,7 +253,11 @@ def _config(reader: gguf.GGUFReader, path: str, dtype: str) -> LlamaConfig:
   tensors = {t.name: t for t in reader.tensors}
   if "token_embd.weight" not in tensors:
     raise GGUFError(f"{path}: file lacks tensor 'token_embd.weight'; a llama GGUF has it")
-  vocab_size, hidden = _tensor_shape(tensors["token_embd.weight"])
+  embedding_shape = _tensor_shape(tensors["token_embd.weight"])
+  if len(embedding_shape) != 2:
+    raise GGUFError(f"{path}: tensor 'token_embd.weight' has shape {embedding_shape}; expected 2 "
+                    "dimensions (vocabulary, embedding)")
+  vocab_size, hidden = embedding_shape
   tokens = reader.fields.get("tokenizer.ggml.tokens")
   if tokens is not None and len(tokens.data) > vocab_size:
     raise GGUFError(f"{path}: the tokenizer has {len(tokens.data)} tokens but token_embd.weight "
@@ -232,7 +282,7 @@ def _config(reader: gguf.GGUFReader, path: str, dtype: str) -> LlamaConfig:
       "model_type": "llama",
       "vocab_size": vocab_size,
       "hidden_size": embedding,
-      "num_hidden_layers": key("block_count", kind=int),
+      "num_hidden_layers": _block_count(key("block_count", kind=int), tensors, path),
       "num_attention_heads": heads,
       "num_key_value_heads": key("attention.head_count_kv", default=heads, kind=int),
       "head_dim": head_dim,
@@ -250,6 +300,21 @@ def _config(reader: gguf.GGUFReader, path: str, dtype: str) -> LlamaConfig:
     return from_hf_config(hf, param_dtype=dtype, dtype=dtype)
   except ConfigError as e:
     raise GGUFError(f"{path}: {e}") from None
+
+
+_BLOCK_TENSOR = re.compile(r"blk\.([0-9]+)\.")
+
+
+def _block_count(count: int, tensors: dict[str, Any], path: str) -> int:
+  """llama.block_count, checked against the blk.N tensors present before anything is built per
+  block (a flipped byte can make it millions, and the per-block name and shape lists with it)."""
+  blocks = {int(m.group(1)) for name in tensors if (m := _BLOCK_TENSOR.match(name))}
+  if count != len(blocks) or blocks and max(blocks) != count - 1:
+    present = (f"blocks {min(blocks)} to {max(blocks)} ({len(blocks)} distinct)" if blocks else
+               "no blk.N tensors")
+    raise GGUFError(f"{path}: llama.block_count={count} but the file has tensors of {present}; "
+                    "expected blocks blk.0 to blk.<block_count - 1>, each present")
+  return count
 
 
 def read_gguf_config(path: str | gguf.GGUFReader, dtype: str = "float32") -> LlamaConfig:
@@ -450,9 +515,9 @@ def read_gguf_tokenizer(path: str | gguf.GGUFReader) -> GGUFTokenizer:
   if pre not in PRE_TOKENIZERS:
     raise GGUFError(f"{path}: tokenizer.ggml.pre is {pre!r}; accepted: "
                     f"{', '.join(map(repr, PRE_TOKENIZERS))}")
-  tokens = key("ggml.tokens", kind=list)
-  types = key("ggml.token_type", default=[NORMAL] * len(tokens), kind=list)
-  merges = key("ggml.merges", kind=list)
+  tokens = _list(reader, path, "tokenizer.ggml.tokens", str)
+  types = _list(reader, path, "tokenizer.ggml.token_type", int, default=[NORMAL] * len(tokens))
+  merges = _list(reader, path, "tokenizer.ggml.merges", str)
   if len(types) != len(tokens):
     raise GGUFError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
                     f"{len(tokens)} tokens; expected one per token")
@@ -465,6 +530,11 @@ def read_gguf_tokenizer(path: str | gguf.GGUFReader) -> GGUFTokenizer:
   bad = next((m for m, p in zip(merges, pairs) if len(p) != 2), None)
   if bad is not None:
     raise GGUFError(f"{path}: tokenizer.ggml.merges holds {bad!r}; expected 'left right'")
+  for merge, (left, right) in zip(merges, pairs):
+    unknown = next((t for t in (left, right, left + right) if t not in vocab), None)
+    if unknown is not None:  # tokenizers' own error would be a bare Exception
+      raise GGUFError(f"{path}: tokenizer.ggml.merges holds {merge!r}, whose {unknown!r} is not in "
+                      "tokenizer.ggml.tokens; expected merges of tokens in the vocabulary into one")
   tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None,
                                         continuing_subword_prefix="", end_of_word_suffix="",
                                         fuse_unk=False))

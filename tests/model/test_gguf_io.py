@@ -448,7 +448,11 @@ def test_missing_unexpected_and_misshapen_tensors(state, tmp_path):
   one_line_error(model.load_gguf, path,
                  match=r"tensor 'blk.0.ffn_down.weight' has shape \(64, 96\).*implies \(64, 128\)")
   path = write_gguf(tmp_path / "d.gguf", CFG, state, meta={"llama.block_count": 1})
-  one_line_error(model.load_gguf, path, match=r"unexpected tensor 'blk.1.")
+  one_line_error(model.load_gguf, path,
+                 match=r"llama.block_count=1 but the file has tensors of blocks 0 to 1")
+  path = write_gguf(tmp_path / "e.gguf", CFG, state, rename={"blk.1.ffn_up.weight": "blk.2.x"})
+  one_line_error(model.load_gguf, path,
+                 match=r"llama.block_count=2 but the file has tensors of blocks 0 to 2")
 
 
 def test_bad_metadata(state, tmp_path):
