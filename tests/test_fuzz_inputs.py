@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from struct import error as struct_error
 
 import gguf
@@ -101,36 +100,10 @@ def tree(path) -> list[tuple[str, int, int]]:
   return sorted(out)
 
 
-# Bugs this fuzzing found in ksjax/model/checkpoint.py (not fixed here: another change is under
-# way there), each pinned by a strict xfail test below; the fuzz tests tolerate exactly these
-# meanwhile and go on looking for others. (file, innermost ksjax function, exception types or None
-# for any.)
-KNOWN_BUGS = {
-    "init_checkpoint: Orbax's error on damaged metadata": ("checkpoint.py", "load_config", None),
-    "init_checkpoint: Orbax's error on damaged arrays": ("checkpoint.py", "load", None),
-}
-
-
-def known_bug(error: BaseException) -> str | None:
-  """The KNOWN_BUGS entry `error` is, or None."""
-  if isinstance(error, (AssertionError, Hang, MemoryError)):
-    return None
-  frames = [f for f in traceback.extract_tb(error.__traceback__)
-            if os.sep + "ksjax" + os.sep in f.filename and os.sep + "tests" + os.sep
-            not in f.filename]
-  if not frames:
-    return None
-  where = (os.path.basename(frames[-1].filename), frames[-1].name)
-  for name, (file, function, types) in KNOWN_BUGS.items():
-    if (file, function) == where and (types is None or type(error) in types):
-      return name
-  return None
-
-
 def input_error_or_result(read, *args, where=None, memory_bytes=MEMORY_BYTES, **kwargs):
   """`read(*args)`'s result, or None when it refused the input: then its error must be an input
-  error with a non-empty one-line message (or a KNOWN_BUGS one). Nothing may change under
-  `where`; no hang (nor, given `memory_bytes`, a runaway allocation: see `bounded`)."""
+  error with a non-empty one-line message. Nothing may change under `where`; no hang (nor, given
+  `memory_bytes`, a runaway allocation: see `bounded`)."""
   before = tree(where) if where is not None else None
   try:
     with bounded(memory_bytes=memory_bytes):
@@ -138,12 +111,6 @@ def input_error_or_result(read, *args, where=None, memory_bytes=MEMORY_BYTES, **
   except errors.input_error_types() as e:
     message = str(e)
     assert message.strip() and "\n" not in message, repr(message)
-    return None
-  except Exception as e:  # pylint: disable=broad-except
-    bug = known_bug(e)
-    if bug is None:
-      raise
-    event(f"known bug: {bug}")
     return None
   finally:
     if where is not None:
@@ -833,8 +800,8 @@ def test_run_checkpoint_directories_as_the_eval_binary_reads_them(run_dir, orbax
                             where=root, memory_bytes=None)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="ksjax.model.checkpoint.load_config lets "
-                   "Orbax's KeyError through for a _METADATA file of another shape")
+# Bugs this fuzzing found in ksjax.model.checkpoint, each pinned by an example.
+
 def test_init_checkpoint_with_metadata_of_another_shape_is_an_input_error(model_checkpoint_dir,
                                                                           orbax_leftovers, tmp_path):
   from ksjax.run import policy  # pylint: disable=g-import-not-at-top
@@ -847,8 +814,6 @@ def test_init_checkpoint_with_metadata_of_another_shape_is_an_input_error(model_
   assert str(path) in message
 
 
-@pytest.mark.xfail(strict=True, raises=json.JSONDecodeError, reason="ksjax.model.checkpoint.load "
-                   "lets Orbax's errors on damaged array metadata through")
 def test_init_checkpoint_with_damaged_array_metadata_is_an_input_error(model_checkpoint_dir,
                                                                        orbax_leftovers, tmp_path):
   from ksjax import model  # pylint: disable=g-import-not-at-top

@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from ksjax import errors
 from ksjax.model import sharding
 from ksjax.model.config import LlamaConfig
 from ksjax.model.llama import Llama
 
 CONFIG_KEY = "llama_config"
+# What a ksjax.model checkpoint is, for the messages that refuse a directory.
+EXPECTED = ("expected a model checkpoint written by ksjax.model.checkpoint.save (convert_hf, "
+            "convert_gguf, a run's final policy)")
+# What Orbax and TensorStore raise on a damaged checkpoint directory: a file missing, cut or of
+# another content (JSON of another shape is read with .get and [], garbage parsed as lengths).
+_ORBAX_READ_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError)
+_T = TypeVar("_T")
 
 
 class CheckpointError(ValueError):
@@ -34,11 +43,18 @@ def config_to_json(cfg: LlamaConfig) -> dict[str, Any]:
 
 
 def config_from_json(data: dict[str, Any]) -> LlamaConfig:
+  if not isinstance(data, Mapping):
+    raise CheckpointError(f"checkpoint config is a {type(data).__name__}; expected a JSON object of "
+                          "LlamaConfig fields")
   fields = {f.name for f in dataclasses.fields(LlamaConfig)}
-  unknown = sorted(set(data) - fields)
+  unknown = sorted(set(map(str, data)) - fields)
   if unknown:
     raise CheckpointError(f"checkpoint config has unknown fields {unknown}")
-  return LlamaConfig(**data)
+  try:
+    return LlamaConfig(**data)
+  except (TypeError, ValueError, AttributeError) as e:  # ConfigError included: named here
+    raise CheckpointError(f"checkpoint config does not describe a Llama ({errors.one_line(e)}); "
+                          "expected the LlamaConfig fields of a saved model") from None
 
 
 def abstract_model(cfg: LlamaConfig) -> Llama:
@@ -57,15 +73,28 @@ def save(path: str, llama: Llama) -> None:
   checkpointer.wait_until_finished()
 
 
+def _read(path: str, read: Callable[[], _T]) -> _T:
+  """`read()`, an Orbax read of the checkpoint at `path`: its errors on a damaged directory
+  become one CheckpointError naming `path` (and Orbax's log lines about it are dropped)."""
+  try:
+    with errors.quiet_if_it_fails():
+      return read()
+  except _ORBAX_READ_ERRORS as e:
+    raise CheckpointError(f"{path!r} cannot be read as a checkpoint ({type(e).__name__}: "
+                          f"{errors.one_line(e)[:200]}); {EXPECTED}") from None
+
+
 def load_config(path: str) -> LlamaConfig:
   if not os.path.isdir(path):
     raise CheckpointError(f"{path!r} is not a checkpoint directory")
-  metadata = ocp.StandardCheckpointer().metadata(os.path.abspath(path))
-  custom = metadata.custom_metadata or {}
-  if CONFIG_KEY not in custom:
-    raise CheckpointError(f"{path!r} has no {CONFIG_KEY!r} in its metadata; it was not written by "
-                          "ksjax.model.checkpoint.save")
-  return config_from_json(custom[CONFIG_KEY])
+  metadata = _read(path, lambda: ocp.StandardCheckpointer().metadata(os.path.abspath(path)))
+  custom = metadata.custom_metadata
+  if not isinstance(custom, Mapping) or CONFIG_KEY not in custom:
+    raise CheckpointError(f"{path!r} has no {CONFIG_KEY!r} in its metadata; {EXPECTED}")
+  try:
+    return config_from_json(custom[CONFIG_KEY])
+  except CheckpointError as e:
+    raise CheckpointError(f"{path!r}: {e}") from None
 
 
 def load(path: str, mesh: jax.sharding.Mesh | None = None,
@@ -80,7 +109,7 @@ def load(path: str, mesh: jax.sharding.Mesh | None = None,
   if mesh is not None:
     sharding.check_divisible(cfg, mesh)
   checkpointer = ocp.StandardCheckpointer()
-  stored = checkpointer.metadata(os.path.abspath(path)).item_metadata
+  stored = _read(path, lambda: checkpointer.metadata(os.path.abspath(path)).item_metadata)
   abstract = abstract_model(cfg)
   graphdef, state = nnx.split(abstract)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -94,7 +123,7 @@ def load(path: str, mesh: jax.sharding.Mesh | None = None,
   targets = nnx.map_state(target, nnx.state(abstract, nnx.Param))
   target_dict = nnx.to_pure_dict(targets)
   _check_matches(target_dict, dict(stored) if stored is not None else {})
-  restored = checkpointer.restore(os.path.abspath(path), target_dict)
+  restored = _read(path, lambda: checkpointer.restore(os.path.abspath(path), target_dict))
   nnx.replace_by_pure_dict(state, restored)
   return nnx.merge(graphdef, state), cfg
 
