@@ -311,6 +311,25 @@ def test_code_contests_malformed_solutions_are_none(solutions, tmp_path):
   assert record["solutions"] == [] and len(record["tests"]) == 5
 
 
+@pytest.mark.parametrize("seconds", ["1e999", "-1e999", "NaN", "Infinity"])
+def test_code_contests_non_finite_time_limit_is_a_data_error(seconds, tmp_path):
+  """JSON's 1e999 reads as inf (and Python's json takes NaN and Infinity): no time limit."""
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps(CC_RECORD).replace('"seconds": 1', f'"seconds": {seconds}') + "\n")
+  message = assert_input_error(lambda: list(code_data.read_code_contests(str(path), min_tests=1)),
+                               match=r"time_limit .* is not a finite number of seconds")
+  assert str(path) in message
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e999])
+def test_taco_non_finite_time_limit_is_none(value, tmp_path):
+  """TACO's time limit is free text, read leniently: one it cannot read is none."""
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({**TACO_RECORD, "time_limit": value}) + "\n")
+  (record,) = code_data.read_taco(str(path), min_tests=1)
+  assert record["time_limit_s"] is None
+
+
 # Arrow columns: each field gets one type per file (a column has one type), values of that type.
 ARROW_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)  # Arrow: UTF-8
 ARROW_TYPES = {

@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -202,6 +203,9 @@ def _cc_time_limit(value: Any, where: str) -> float | None:
     seconds = float(parts[0]) + float(parts[1]) / 1e9
   except OverflowError:  # an integer beyond any float
     raise data_error(where, f"time_limit {value!r} is out of range", CODE_CONTESTS_FORMAT) from None
+  if not math.isfinite(seconds):  # JSON's 1e999 reads as inf, NaN as nan
+    raise data_error(where, f"time_limit {value!r} is not a finite number of seconds",
+                     CODE_CONTESTS_FORMAT)
   return seconds if seconds > 0 else None
 
 
@@ -256,7 +260,7 @@ _MEMORY_UNITS = {"kilobyte": 1 << 10, "megabyte": 1 << 20, "gigabyte": 1 << 30}
 def _taco_time_limit(value: Any) -> float | None:
   """Seconds from "1 second", "2.5 seconds", 2; None when absent or unreadable."""
   if isinstance(value, (int, float)) and not isinstance(value, bool):
-    return float(value) if value > 0 else None
+    return float(value) if value > 0 and math.isfinite(value) else None
   match = _NUMBER_RE.search(value) if isinstance(value, str) and "second" in value else None
   return float(match.group()) if match and float(match.group()) > 0 else None
 
