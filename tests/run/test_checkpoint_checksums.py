@@ -3,6 +3,7 @@ finalised the step (also for asynchronous saves), checked before every restore."
 
 import json
 import os
+import threading
 
 import grain
 import jax
@@ -111,3 +112,60 @@ def test_eval_check_refuses_a_step_that_fails_its_checksums(tmp_path):
   with pytest.raises(checkpointing.ChecksumError, match=r"checkpoint step 2 in .* fails its "
                      r"checksums \(.*content differs"):
     checkpointing.check_shapes(run, 2, {}, "the model")
+
+
+def _damage(path, count=8):
+  with open(path, "r+b") as f:
+    data = f.read(count)
+    f.seek(0)
+    f.write(bytes(b ^ 0xFF for b in data))
+
+
+def _hashing_threads():
+  return [t for t in threading.enumerate() if t.name.startswith("ksjax-sha256")]
+
+
+def test_parallel_hashing_writes_the_manifest_sequential_hashing_does(tmp_path, monkeypatch):
+  monkeypatch.setattr(checkpointing, "_HASH_THREADS", 3)
+  monkeypatch.setattr(checkpointing, "_PARALLEL_MIN_BYTES", 0)  # these files are small
+  hashed_by = []
+  sha256 = checkpointing._sha256
+  monkeypatch.setattr(checkpointing, "_sha256",
+                      lambda path: hashed_by.append(threading.current_thread().name) or sha256(path))
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, (1,), use_async=False)
+  assert hashed_by and all(name.startswith("ksjax-sha256") for name in hashed_by)
+  step_dir = os.path.join(directory, "1")
+  manifest = os.path.join(step_dir, checkpointing.MANIFEST)
+  with open(manifest, "rb") as f:
+    parallel = f.read()
+  monkeypatch.setattr(checkpointing, "_HASH_THREADS", 1)
+  checkpointing.write_manifest(step_dir)
+  with open(manifest, "rb") as f:
+    assert f.read() == parallel
+  assert checkpointing.verify_manifest(step_dir)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_first_damaged_file_in_order_is_named_whatever_is_hashed_first(tmp_path, monkeypatch,
+                                                                           threads):
+  """The parallel hashing starts with the largest files; the error still names the first file
+  in the manifest's (sorted) order that differs, as the sequential one did, and no hashing
+  thread reads on after it."""
+  monkeypatch.setattr(checkpointing, "_HASH_THREADS", threads)
+  monkeypatch.setattr(checkpointing, "_PARALLEL_MIN_BYTES", 0)  # these files are small
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, (1,), use_async=False)
+  step_dir = os.path.join(directory, "1")
+  with open(os.path.join(step_dir, checkpointing.MANIFEST)) as f:
+    listed = sorted(json.load(f)["files"])
+  size = lambda rel: os.path.getsize(os.path.join(step_dir, rel))  # noqa: E731
+  largest = max(listed, key=size)  # hashed first
+  earlier = next(rel for rel in listed[:listed.index(largest)] if size(rel) >= 8)  # e.g. config/
+  for rel in (earlier, largest):
+    _damage(os.path.join(step_dir, rel))
+  with pytest.raises(checkpointing.ChecksumError) as e:
+    checkpointing.verify_manifest(step_dir)
+  assert str(e.value) == (f"{os.path.join(step_dir, earlier)}: content differs from the checksum "
+                          "manifest's sha256")
+  assert not _hashing_threads()
