@@ -53,7 +53,8 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
   n_chunks, n_vocab = -(-n // c), -(-vs // vc)
   pad = n_chunks * c - n
   operand_dtype = hidden_bnd.dtype if operand_dtype is None else operand_dtype
-  h_kbcd = jnp.pad(hidden_bnd.astype(operand_dtype), ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, c, d)
+  h_kbcd = jnp.pad(hidden_bnd.astype(operand_dtype), ((0, 0), (0, pad), (0, 0)))
+  h_kbcd = h_kbcd.reshape(b, n_chunks, c, d)
   h_kbcd = h_kbcd.transpose(1, 0, 2, 3)
   tgt_kbc = jnp.pad(targets_bn, ((0, 0), (0, pad))).reshape(b, n_chunks, c).transpose(1, 0, 2)
   inv_temp = 1.0 / temperature
