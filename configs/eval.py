@@ -44,6 +44,9 @@ def get_config(train_config: str | None = None) -> ml_collections.ConfigDict:
   # Follow the directory and evaluate every checkpoint not evaluated yet (config.steps is not
   # used), now and as each lands; stop after idle_timeout_s seconds without a new one (None:
   # never).
+  # Also the policy the run started from (<run>/start: the loaded or warmed-up model), as step 0,
+  # before the checkpoints.
+  c.include_start = False
   c.watch = False
   c.poll_interval_s = 30.0
   c.idle_timeout_s = config_dict.placeholder(float)
@@ -74,6 +77,13 @@ def get_config(train_config: str | None = None) -> ml_collections.ConfigDict:
   c.breakdown = ("level", "subject")  # problem metadata fields to report separately
   c.output_dir = config_dict.placeholder(str)  # None: <run dir>/eval/<split>_n<n>_t<T>_p<p>
   c.plots = True
+  # KL(checkpoint || reference) on the held-out samples (temperature 1, no top-p/top-k): per
+  # completion, summed over its tokens, the k1 and k3 estimators (`kl_k1`, `kl_k3` in the
+  # metrics), from the sampler's log-probs and one reference forward. "start": the policy the
+  # run started from (<run>/start); or a ksjax.model checkpoint directory; None: not measured.
+  # kl_samples: the first this many samples of each problem are scored (None: all of them).
+  c.kl_reference = config_dict.placeholder(str)
+  c.kl_samples = config_dict.placeholder(int)
 
   c.run = _train_config(train_config)
   return c

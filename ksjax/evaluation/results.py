@@ -33,14 +33,18 @@ STEP_FILE = "step_{step:08d}.json"
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 AVERAGE_STEM = "average_last{count}"
+KL_METRICS = ("kl_k1", "kl_k3")  # the eval binary's KL to config.kl_reference (runner.py)
 
 
 def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: Sequence[int],
                 prompt_ids: Sequence[str], metadata: Sequence[Mapping[str, Any]],
                 breakdown: Sequence[str], correct_gn: np.ndarray, answer_ids_gn: np.ndarray,
-                rewards_gn: np.ndarray, seconds: float) -> dict[str, Any]:
-  """The record of one checkpoint's evaluation (see the module docstring)."""
-  values = scoring.per_problem(correct_gn, answer_ids_gn, rewards_gn, ks)
+                rewards_gn: np.ndarray, seconds: float,
+                extra_g: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+  """The record of one checkpoint's evaluation (see the module docstring). `extra_g`: more
+  per-problem values ([G] each, e.g. the KL to a reference), averaged like the others and kept
+  per problem."""
+  values = {**scoring.per_problem(correct_gn, answer_ids_gn, rewards_gn, ks), **(extra_g or {})}
   groups = scoring.summarize(values, scoring.group_masks(metadata, breakdown))
   num_problems, n = correct_gn.shape
   problems: dict[str, list] = {"id": list(prompt_ids)}
@@ -51,6 +55,8 @@ def step_record(*, step: int, checkpoint: str, sampling: Mapping[str, Any], ks: 
   problems["classes"] = [
       [[size, int(value)] for size, value in estimates.answer_class_profile(ids, ok)]
       for ids, ok in zip(answer_ids_gn, correct_gn)]
+  for name, value_g in (extra_g or {}).items():
+    problems[name] = np.asarray(value_g, np.float64).tolist()
   everyone = groups.pop(scoring.ALL)
   return {"step": int(step), "checkpoint": checkpoint, "sampling": dict(sampling),
           "ks": list(ks), "num_problems": num_problems, "num_samples": n,
@@ -80,15 +86,16 @@ def rescore(record: Mapping[str, Any], ks: Sequence[int]) -> dict[str, Any]:
                            for classes in problems["classes"]], bool).reshape(-1, n)
   values = scoring.per_problem(correct_gn, ids_gn, np.zeros(correct_gn.shape, np.float32), ks)
   del values["reward"]
-  fields = [f for f in problems if f not in ("id", "num_correct", "classes")]
+  fields = [f for f in problems if f not in ("id", "num_correct", "classes", *KL_METRICS)]
   metadata = [{f: problems[f][i] for f in fields} for i in range(len(problems["id"]))]
   groups = scoring.summarize(values, scoring.group_masks(metadata, fields))
 
   def merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """new's numbers, with old's reward, in the order step_record writes them."""
+    """new's numbers, with old's reward and KL, in the order step_record writes them."""
     return {"num_problems": new["num_problems"],
             **({"reward": old["reward"]} if "reward" in old else {}),
-            **{m: v for m, v in new.items() if m != "num_problems"}}
+            **{m: v for m, v in new.items() if m != "num_problems"},
+            **{m: old[m] for m in KL_METRICS if m in old}}
 
   everyone = merged(record["metrics"], groups.pop(scoring.ALL))
   del everyone["num_problems"]

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
@@ -82,6 +83,8 @@ class Evaluator:
   cfg: model.LlamaConfig
   mesh: jax.sharding.Mesh
   output_dir: str
+  # `fn(tokens_rt, mask_rt) -> logp_rt` of config.kl_reference (None: no KL).
+  reference_logprobs: Callable[[Any, Any], jax.Array] | None = None
 
   def __post_init__(self):
     self.graphdef, self.target = checkpoints.abstract_policy(self.cfg, self.mesh)
@@ -120,7 +123,8 @@ class Evaluator:
     s = self.settings
     loaded = time.perf_counter()
     out = scoring.evaluate(policy, self.task, self.prompts, s.draw(), seed=s.seed,
-                           batch_prompts=s.batch_prompts, mesh=self.mesh)
+                           batch_prompts=s.batch_prompts, mesh=self.mesh,
+                           measure=None if self.reference_logprobs is None else self.kl)
     seconds = time.perf_counter() - loaded
     del policy
     record = results.step_record(
@@ -128,7 +132,7 @@ class Evaluator:
         sampling=s.sampling(), ks=s.ks, prompt_ids=[p.id for p in self.prompts],
         metadata=[dict(p.metadata) for p in self.prompts], breakdown=s.breakdown,
         correct_gn=out.correct_gn, answer_ids_gn=out.answer_ids_gn, rewards_gn=out.rewards_gn,
-        seconds=seconds)
+        seconds=seconds, extra_g=out.extra_g)
     self.records[step] = record
     if distributed.is_writer():
       results.save_step(self.output_dir, record)
@@ -139,6 +143,28 @@ class Evaluator:
          f"{seconds:.1f}s = {record['samples_per_second']:.1f} samples/s (restore "
          f"{restore_seconds:.1f}s{first}); " + headline(record["metrics"], s.ks))
     return record
+
+  def kl(self, scored: scoring.Scored) -> dict[str, np.ndarray]:
+    """Per problem, the mean over its first kl_samples completions of KL(policy || reference)
+    (`scoring.kl_per_completion`): log pi from the sampler (temperature 1, untruncated, so the
+    policy's own), log pi_ref from one forward of the reference over prompt and completion."""
+    s = self.settings
+    out = scored.output
+    n, m = s.num_samples, s.kl_samples
+    g = out.tokens.shape[0] // n
+    rows = (np.arange(g)[:, None] * n + np.arange(m)[None, :]).reshape(-1)
+    # Every call has batch_prompts x kl_samples rows, rounded up to the batch shards (a short
+    # last chunk repeats its first row), so the forward compiles once per prompt width.
+    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    size = -(-s.batch_prompts * m // shards) * shards
+    padded = np.concatenate([rows, np.full(size - len(rows), rows[0])])
+    tokens_rt, mask_rt = (np.asarray(v)[padded] for v in out.sequences())
+    t = np.asarray(out.prompt_tokens).shape[1]
+    ref_logp_rn = np.asarray(self.reference_logprobs(tokens_rt, mask_rt))[:len(rows), t:]
+    new_tokens = np.asarray(out.tokens).shape[1]
+    mask_rn = np.arange(new_tokens)[None, :] < np.asarray(out.lengths)[rows][:, None]
+    k1_r, k3_r = scoring.kl_per_completion(np.asarray(out.logprobs)[rows], ref_logp_rn, mask_rn)
+    return {"kl_k1": k1_r.reshape(g, m).mean(1), "kl_k3": k3_r.reshape(g, m).mean(1)}
 
   def save_summaries(self, averaged: dict | None = None) -> None:
     if not distributed.is_writer():
@@ -152,7 +178,7 @@ class Evaluator:
 def headline(metrics: dict[str, float], ks: Sequence[int]) -> str:
   """One line of the numbers; a name the metrics lack (an average over records of other ks) is
   left out."""
-  names = scoring.metric_names(ks) + list(scoring.DIVERSITY)
+  names = scoring.metric_names(ks) + list(scoring.DIVERSITY) + list(results.KL_METRICS)
   return ", ".join(f"{name} {metrics[name]:.3f}" for name in names if name in metrics)
 
 
@@ -174,7 +200,47 @@ def open_evaluator(s: Settings, run_dir: RunDirectory, task: Task,
   mesh = model.make_mesh(s.run.run.mesh)
   cfg = policy_config(s.run, task.tokenizer.vocab_size)
   output_dir = output_dir or s.output_dir or run_dir.eval_dir(s.output_name())
-  return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir)
+  return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir,
+                   reference_logprobs=reference_logprobs(s, run_dir, cfg, mesh))
+
+
+def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfig,
+                       mesh: jax.sharding.Mesh) -> Callable[[Any, Any], jax.Array] | None:
+  """The jitted log-prob function of config.kl_reference, computing as the policy does (its
+  matmul_dtype), or None when no KL is asked for. A reference that is missing, unreadable or of
+  another shape than the run's model is a CheckpointInputError (nothing written yet)."""
+  if s.kl_reference is None:
+    return None
+  if jax.process_count() > 1:
+    raise ConfigError(f"config.kl_reference={s.kl_reference!r} is not accepted across "
+                      f"{jax.process_count()} processes yet; expected a single-process evaluation")
+  path = run_dir.start_dir if s.kl_reference == "start" else s.kl_reference
+  what = (f"config.kl_reference={s.kl_reference!r}"
+          + (f" (the run's start policy, {path})" if s.kl_reference == "start" else ""))
+  reference = load_policy(path, what, cfg, mesh)
+  return model.sharded_token_logprobs(reference, mesh)
+
+
+def load_policy(path: str, what: str, cfg: model.LlamaConfig,
+                mesh: jax.sharding.Mesh) -> model.Llama:
+  """The ksjax.model checkpoint at `path` (`what` names it in errors) on `mesh`, computing as the
+  run's policy does (cfg's matmul_dtype). Missing, unreadable or of another shape than `cfg`:
+  a CheckpointInputError."""
+  if not os.path.isdir(path):
+    raise checkpoints.CheckpointInputError(
+        f"{what} is not a directory; expected a ksjax.model checkpoint directory (a run's "
+        "start/ or final/)")
+  try:
+    policy_, stored = model.load_checkpoint(path, mesh)
+  except model.CheckpointError as e:
+    raise checkpoints.CheckpointInputError(f"{what}: {e}") from None
+  shape = lambda c: (c.vocab_size, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+                     c.head_dim, c.intermediate_size)
+  if shape(stored) != shape(cfg):
+    raise checkpoints.CheckpointInputError(
+        f"{what} holds a model of (vocabulary, layers, width, heads, KV heads, head size, "
+        f"intermediate) {shape(stored)}; expected {_describe(cfg)}, {shape(cfg)}")
+  return model.with_config(policy_, matmul_dtype=cfg.matmul_dtype)
 
 
 def open_task(s: Settings) -> Task:
@@ -204,6 +270,9 @@ def run(config: Any) -> None:
     evaluator = open_evaluator(s, run_dir, task)
     for step in selected:  # every selected checkpoint fits before anything is written
       evaluator.check(step)
+    start = (load_policy(run_dir.start_dir, f"config.include_start: the run's start policy "
+                         f"{run_dir.start_dir!r}", evaluator.cfg, evaluator.mesh)
+             if s.include_start else None)
     if distributed.is_writer():
       os.makedirs(evaluator.output_dir, exist_ok=True)
     _say(f"evaluating {run_dir.steps_dir}: {len(evaluator.prompts)} {s.split} problems x "
@@ -212,6 +281,9 @@ def run(config: Any) -> None:
          f"{', '.join(map(str, s.ks))}), "
          f"{evaluator.cfg.num_params:,} parameters on mesh {dict(evaluator.mesh.shape)}; results "
          f"in {evaluator.output_dir}")
+    if start is not None:
+      evaluator.evaluate_policy(0, start, run_dir.start_dir)
+      del start
     if s.watch:
       follow(evaluator, s, done=set())
     else:

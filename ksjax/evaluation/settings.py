@@ -49,13 +49,19 @@ class Settings:
   output_dir: str | None
   plots: bool
   run: spec_lib.TrainSpec  # the run's (config.run): its task, model and mesh
+  include_start: bool = False      # also the run's start policy, as step 0
+  kl_reference: str | None = None  # "start", a ksjax.model checkpoint directory, or None
+  kl_samples: int | None = None    # samples per problem whose KL is estimated (None: all)
 
   def sampling(self) -> dict[str, Any]:
     """The fields that decide an evaluation's numbers: results are reused only when equal."""
     return {"split": self.split, "num_prompts": self.num_prompts,
             "num_samples": self.num_samples, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens,
-            "batch_prompts": self.batch_prompts, "seed": self.seed}
+            "batch_prompts": self.batch_prompts, "seed": self.seed,
+            # Only when asked for, so records made without KL still match settings without it.
+            **({"kl_reference": self.kl_reference, "kl_samples": self.kl_samples}
+               if self.kl_reference is not None else {})}
 
   def draw(self) -> scoring.Draw:
     return scoring.Draw(num_samples=self.num_samples, max_new_tokens=self.max_new_tokens,
@@ -99,7 +105,7 @@ def validate(config: Any) -> Settings:
   known = ("checkpoint_dir", "steps", "watch", "poll_interval_s", "idle_timeout_s", "split",
            "num_prompts", "num_samples", "ks", "temperature", "top_p", "top_k",
            "max_new_tokens", "batch_prompts", "batch_rows", "seed", "breakdown", "output_dir",
-           "plots", "run")
+           "plots", "include_start", "kl_reference", "kl_samples", "run")
   for key in config.keys():
     if key not in known:
       raise ConfigError(f"config.{key} is not a field of the evaluation config; the fields are "
@@ -153,5 +159,22 @@ def validate(config: Any) -> Settings:
       batch_prompts=batch_prompts, batch_rows=batch_rows,
       seed=integer(config, "seed", lo=0, hi=2**31 - 1), breakdown=tuple(breakdown),
       output_dir=string(config, "output_dir", allow_none=True), plots=boolean(config, "plots"),
-      run=run)
+      run=run, include_start=boolean(config, "include_start"), **_kl_settings(config, n))
+  if settings.kl_reference is not None and (settings.temperature, settings.top_p,
+                                            settings.top_k) != (1.0, 1.0, 0):
+    raise ConfigError(
+        f"config.kl_reference={settings.kl_reference!r} is not accepted with temperature "
+        f"{settings.temperature:g}, top_p {settings.top_p:g}, top_k {settings.top_k}; expected "
+        "temperature 1, top_p 1 and top_k 0 (the KL is estimated from samples of the policy "
+        "itself)")
   return settings
+
+
+def _kl_settings(config: Any, n: int) -> dict[str, Any]:
+  reference = get(config, "kl_reference")
+  if reference is not None and (not isinstance(reference, str) or not reference):
+    raise ConfigError(f"config.kl_reference={reference!r} is not accepted; expected 'start' (the "
+                      "run's start policy), a ksjax.model checkpoint directory, or None")
+  samples = integer(config, "kl_samples", lo=1, hi=n, allow_none=True)
+  return {"kl_reference": reference,
+          "kl_samples": None if reference is None else (samples or n)}

@@ -124,3 +124,11 @@ def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | N
   logp_bt = jnp.concatenate([pad, jnp.where(keep_bn, logp_bn, 0.0)], axis=1)
   ent_bt = jnp.concatenate([pad, jnp.where(keep_bn, ent_bn, 0.0)], axis=1)
   return logp_bt, ent_bt
+
+
+def sharded_token_logprobs(llama, mesh: jax.sharding.Mesh):
+  """A jitted `fn(tokens_bt, attention_mask_bt) -> logp_bt`: `token_logprobs` at temperature 1
+  with the shardings of `sharding.sharded_forward` (B must divide over the batch axes)."""
+  return sharding.sharded_apply(
+      llama, mesh, lambda m, tokens_bt, mask_bt: token_logprobs(m, tokens_bt, mask_bt)[0],
+      jax.sharding.PartitionSpec(sharding.BATCH, None))

@@ -193,16 +193,24 @@ def sharded_forward(llama: nnx.Module, mesh: jax.sharding.Mesh):
   """A jitted full forward `fn(tokens_bt, attention_mask_bt) -> logits_btv` with explicit
   shardings: parameters by spec, batch over data x fsdp, logits [B@batch, T, V@tensor], and the
   activations constrained on `mesh`."""
+  return sharded_apply(llama, mesh, lambda m, tokens_bt, mask_bt: m(tokens_bt,
+                                                                     attention_mask=mask_bt),
+                        P(BATCH, None, "tensor"))
+
+
+def sharded_apply(llama: nnx.Module, mesh: jax.sharding.Mesh, apply, out_spec: P):
+  """`fn(tokens_bt, mask_bt) -> apply(llama, tokens_bt, mask_bt)`, jitted with the parameters
+  sharded by spec, the batch over data x fsdp and the output as `out_spec` says."""
   graphdef, state = nnx.split(llama)
   shardings = state_shardings(state, mesh)
   data = batch_sharding(mesh)
 
   def forward(state, tokens_bt, mask_bt):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return nnx.merge(graphdef, state)(tokens_bt, attention_mask=mask_bt)
+      return apply(nnx.merge(graphdef, state), tokens_bt, mask_bt)
 
   jitted = jax.jit(forward, in_shardings=(shardings, data, data),
-                   out_shardings=NamedSharding(mesh, P(BATCH, None, "tensor")))
+                   out_shardings=NamedSharding(mesh, out_spec))
   return lambda tokens_bt, mask_bt: jitted(state, tokens_bt, mask_bt)
 
 

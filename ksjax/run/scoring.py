@@ -86,21 +86,41 @@ class Outcomes:
   correct_gn: np.ndarray      # bool [G, n]
   answer_ids_gn: np.ndarray   # int32 [G, n]
   rewards_gn: np.ndarray      # float32 [G, n]
+  extra_g: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)  # [G] each
 
 
 def evaluate(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *, seed: int,
-             batch_prompts: int, mesh=None) -> Outcomes:
+             batch_prompts: int, mesh=None,
+             measure: Callable[[Scored], Mapping[str, np.ndarray]] | None = None) -> Outcomes:
   """`sample_and_score` over `prompts`, `batch_prompts` at a time (chunk c samples with seed
-  `seed + c * batch_prompts`, so a chunk's draws do not depend on the others)."""
-  correct, answer_ids, rewards = [], [], []
+  `seed + c * batch_prompts`, so a chunk's draws do not depend on the others). `measure`, if
+  given, maps each chunk's Scored to more per-problem values ([g] each, e.g. the eval binary's
+  KL to a reference), gathered in `Outcomes.extra_g`."""
+  correct, answer_ids, rewards, extra = [], [], [], []
   for start in range(0, len(prompts), batch_prompts):
     scored = sample_and_score(llama, task, prompts[start:start + batch_prompts], draw,
                               seed=seed + start, mesh=mesh)
     correct.append(scored.correct_gn)
     answer_ids.append(scored.answer_ids_gn)
     rewards.append(scored.rewards_gn)
+    if measure is not None:
+      extra.append(measure(scored))
   return Outcomes(draw.num_samples, np.concatenate(correct), np.concatenate(answer_ids),
-                  np.concatenate(rewards))
+                  np.concatenate(rewards),
+                  {name: np.concatenate([e[name] for e in extra]) for name in extra[0]}
+                  if extra else {})
+
+
+def kl_per_completion(logp_rt: np.ndarray, ref_logp_rt: np.ndarray,
+                      mask_rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """KL(pi || pi_ref) estimates per completion from completions sampled from pi, summed over
+  the tokens `mask_rt` marks ([R] each): k1 = sum_t (log pi - log pi_ref), unbiased but of
+  either sign per sample, and k3 = sum_t (r_t - 1 - log r_t) with r_t = pi_ref / pi, unbiased and
+  >= 0 per token (Schulman's estimators; the trainer's KL metrics and the eval binary's)."""
+  log_ratio_rt = np.where(mask_rt, ref_logp_rt - logp_rt, 0.0)
+  k1_r = (-log_ratio_rt).sum(1)
+  k3_r = np.where(mask_rt, np.expm1(log_ratio_rt) - log_ratio_rt, 0.0).sum(1)
+  return k1_r, k3_r
 
 
 DISTINCT_ANSWERS = "distinct_answers"

@@ -85,12 +85,7 @@ def test_every_step_evaluated_with_consistent_files(run_dir):
   assert "mesh {'data': 1, 'fsdp': 2, 'tensor': 2}" in stdout
 
 
-def _configured(run: pathlib.Path, **overrides):
-  config = eval_run.eval_config(run)
-  config.num_samples, config.ks, config.batch_prompts = 4, (1, 2, 4), 8
-  for key, value in overrides.items():
-    config[key] = value
-  return config
+_configured = eval_run.configured
 
 
 def test_last_n_reuses_records_and_writes_their_average(run_dir, tmp_path, capsys):

@@ -48,6 +48,16 @@ def run_eval(checkpoint_dir, *extra: str) -> subprocess.CompletedProcess:
                         text=True, timeout=300, check=False)
 
 
+def configured(checkpoint_dir, **overrides) -> ml_collections.ConfigDict:
+  """`eval_config` with EVAL_ARGS' settings (4 samples, ks 1, 2, 4, 8 problems per call) and
+  `overrides` of top-level fields."""
+  config = eval_config(checkpoint_dir)
+  config.num_samples, config.ks, config.batch_prompts = 4, (1, 2, 4), 8
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
 def _set(config: ml_collections.ConfigDict, fields: dict) -> None:
   for key, value in fields.items():
     node = config
