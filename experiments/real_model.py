@@ -82,8 +82,8 @@ def publish_run(runs_dir: str, name: str, out: str) -> RunDirectory:
   return run
 
 
-def _finished(run: RunDirectory) -> bool:
-  return os.path.isfile(run.held_out_table) and os.path.isdir(run.final_dir)
+def _finished(run: RunDirectory, held_out: bool = True) -> bool:
+  return (os.path.isfile(run.held_out_table) or not held_out) and os.path.isdir(run.final_dir)
 
 
 def _attempts_path(run: RunDirectory) -> str:
@@ -91,14 +91,15 @@ def _attempts_path(run: RunDirectory) -> str:
 
 
 def run_config(name: str, runs_dir: str, *, config: str | None = None,
-               overrides: tuple[str, ...] = ()) -> list[dict]:
+               overrides: tuple[str, ...] = (), held_out: bool = True) -> list[dict]:
   """Runs (or resumes) configs/<name>.py in <runs_dir>/<name> to its end; returns its attempts.
   Another study names its run `name` and gives the config file (`config`) and `--config.x=v`
-  flags (`overrides`) that make it."""
+  flags (`overrides`) that make it; `held_out=False` when they turn the trainer's held-out
+  evaluation off (the run has ended once its final policy is saved)."""
   run = RunDirectory(os.path.join(runs_dir, name))
   path = _attempts_path(run)
   attempts = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
-  if _finished(run):
+  if _finished(run, held_out):
     return attempts
   command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{config or name}.py",
              f"--config.workdir={run.workdir}", "--config.progress_bar=False", *overrides]

@@ -1,7 +1,6 @@
 """experiments/real_model.py: a finished run is not run again, and its results are collected with
 their time, memory and provenance; an unfinished one is refused with one line."""
 
-import importlib.util
 import json
 import os
 
@@ -15,10 +14,7 @@ SCRIPT = os.path.join(str(support.REPO), "experiments", "real_model.py")
 
 @pytest.fixture(scope="module")
 def study():
-  spec = importlib.util.spec_from_file_location("ksjax_experiments_real_model", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return support.load_module(SCRIPT, "ksjax_experiments_real_model")
 
 
 def _finished_run(runs_dir, name, attempts, end_correct=(0, 2), metrics_line='{"step": 1}'):
