@@ -93,6 +93,14 @@ def base_config() -> ml_collections.ConfigDict:
   # updates on the groups it has (none: no update that step). Off: one round, every group.
   c.dynamic_sampling = False
   c.dynamic_max_rounds = 4  # >= 1; 1 only drops the zero-weight groups of the one round
+  # Asynchronous rollouts (ksjax.trainer.async_rollouts): step s's completions are sampled with
+  # the parameters of step s - max_lag (of step 0 before that), on a worker that runs ahead of
+  # the learner; 0: lockstep. Correct the lag with is_cap (and is_level) below.
+  c.max_lag = 0
+  # Devices of the sampler's own sub-mesh (the last ones), shaped by sampler_mesh; the learner's
+  # config.mesh takes the others. 0: the sampler shares the learner's devices.
+  c.sampler_devices = 0
+  c.sampler_mesh = (-1, 1, 1)  # (data, fsdp, tensor) of the sampler's sub-mesh
 
   # --- the k-sample objective and its estimator (same names as configs/bandit.py) -------------
   c.aggregator = "pass_at_k"  # mean | pass_at_k | majority_vote | softmax
@@ -117,7 +125,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.clip_eps = 0.2
   c.value_clip = 0.2  # alpha of the clipped value loss (ppo)
   c.value_coef = 0.5  # weight of the value loss (ppo)
-  c.is_cap = config_dict.placeholder(float)  # truncated importance weight cap; None: no correction
+  # Truncated importance weight cap; None: no correction; inf: untruncated weights.
+  c.is_cap = config_dict.placeholder(float)
+  # What one weight covers: "token", min(pi/mu, cap) per token (TIS); "group", min(prod pi/mu,
+  # cap) over every token of a prompt's n completions, unbiased for k-sample estimators at inf.
+  c.is_level = "token"
   c.kl_coef = 0.0  # KL penalty to the reference (start) policy; 0: logged only
   c.kl_estimator = "k3"  # k1 | k3, the estimator the penalty uses (both are logged)
   c.sparse_updates = True  # drop zero-advantage completions from the backward pass when allowed

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import jax
@@ -47,6 +48,7 @@ ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
 CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
 LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "token_sum")
 KL_ESTIMATORS = ("k1", "k3")
+IS_LEVELS = ("token", "group")  # what one truncated importance weight covers (LossSpec.is_level)
 # Where starting weights may come from: a Hugging Face directory, a ksjax.model checkpoint, a GGUF.
 STARTS = ("init_hf", "init_checkpoint", "init_gguf")
 ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
@@ -70,6 +72,15 @@ def _check(values: dict[str, Any]) -> dict:
       node = node.setdefault(part, {})
     node[leaf] = value
   return out
+
+
+def check_mesh_shape(c: Any, field: str) -> tuple[int, int, int]:
+  """A (data, fsdp, tensor) mesh shape field, as a tuple; ConfigError naming `field` if not."""
+  mesh = cv.int_tuple(c, field, length=3)
+  if any(s == 0 or s < -1 for s in mesh) or mesh.count(-1) > 1:
+    raise ConfigError(f"config.{field}={mesh!r} is not accepted; expected three sizes >= 1 for "
+                      "(data, fsdp, tensor), at most one of them -1 (the remaining devices)")
+  return tuple(mesh)
 
 
 class _Spec:
@@ -234,9 +245,21 @@ class SamplingSpec(_Spec):
   # batch_prompts groups with a non-zero k-sample weight are kept, at most this many rounds.
   dynamic_sampling: bool = False
   dynamic_max_rounds: int = 4
+  # Asynchronous rollouts (`ksjax.trainer.async_rollouts`): step s samples with the parameters of
+  # step max(0, s - max_lag); sampler_devices > 0 gives the sampler its own sub-mesh.
+  max_lag: int = 0
+  sampler_devices: int = 0
+  sampler_mesh: tuple[int, int, int] = (-1, 1, 1)
 
   def __post_init__(self):
     c = self._view()
+    lag = cv.integer(c, "max_lag", lo=0)
+    devices = cv.integer(c, "sampler_devices", lo=0)
+    if devices and not lag:
+      raise ConfigError(f"config.sampler_devices={devices} is not accepted with config.max_lag=0: "
+                        "a lockstep sampler cannot run beside the learner; expected "
+                        "sampler_devices=0, or max_lag >= 1")
+    object.__setattr__(self, "sampler_mesh", check_mesh_shape(c, "sampler_mesh"))
     cv.integer(c, "batch_prompts", lo=1)
     cv.integer(c, "n", lo=1, hi=MAX_COMPLETIONS)
     cv.integer(c, "max_new_tokens", lo=1)
@@ -339,6 +362,7 @@ class LossSpec(_Spec):
   value_clip: float = 0.2
   value_coef: float = 0.5
   is_cap: float | None = None        # truncated importance weight cap; None: no correction
+  is_level: str = "token"            # "token": a weight per token; "group": one per prompt group
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
   sparse_updates: bool = True        # drop zero-advantage completions when no term reads them
@@ -358,7 +382,13 @@ class LossSpec(_Spec):
     cv.real(c, "clip_eps", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     cv.real(c, "value_clip", lo=0.0, lo_open=True)
     cv.real(c, "value_coef", lo=0.0)
-    cv.optional_real(c, "is_cap", lo=1.0)
+    if self.is_cap is not None and self.is_cap != math.inf:  # inf: untruncated weights
+      try:
+        cv.real(c, "is_cap", lo=1.0)
+      except ConfigError:
+        raise ConfigError(f"config.is_cap={self.is_cap!r} is not accepted; expected None (no "
+                          "correction), a number >= 1, or inf (no truncation)") from None
+    cv.choice(c, "is_level", IS_LEVELS)
     cv.real(c, "kl_coef", lo=0.0)
     cv.choice(c, "kl_estimator", KL_ESTIMATORS)
     cv.boolean(c, "sparse_updates")
@@ -372,6 +402,14 @@ class LossSpec(_Spec):
       raise ConfigError("config.ppo_epochs or config.num_minibatches > 1 with algorithm='pg' "
                         "makes later optimizer steps off-policy; expected an importance-weight "
                         "cap config.is_cap (e.g. 2.0), or ppo_epochs = num_minibatches = 1")
+    if self.is_level == "group" and self.is_cap is None:
+      raise ConfigError("config.is_level='group' is not accepted with config.is_cap=None; "
+                        "expected a cap (inf: untruncated), or is_level='token'")
+    if self.is_level == "group" and self.algorithm == "pg" and (epochs > 1 or minibatches > 1):
+      raise ConfigError("config.is_level='group' with algorithm='pg' weighs by the learner at "
+                        "the step's start, which later optimizer steps leave; expected "
+                        "ppo_epochs = num_minibatches = 1, or a clipped algorithm (ppo, grpo, "
+                        "dr_grpo)")
 
   def reference_at(self, step: int, last_step: int) -> bool:
     """Whether step `step` (1-based) runs the reference forward: every step with a KL penalty,
@@ -381,6 +419,12 @@ class LossSpec(_Spec):
   @property
   def clipped(self) -> bool:
     return self.algorithm in CLIPPED
+
+  @property
+  def group_is(self) -> bool:
+    """Group-level importance weights (computed before the update from the learner's log-probs
+    at the step's start, `ksjax.trainer.learner`)."""
+    return self.is_cap is not None and self.is_level == "group"
 
   @property
   def value_head(self) -> bool:
@@ -524,10 +568,7 @@ class RunSpec(_Spec):
     cv.string(c, "workdir")
     cv.integer(c, "seed", lo=0, hi=2**31 - 1)
     cv.boolean(c, "resume")
-    mesh = cv.int_tuple(c, "mesh", length=3)
-    if any(s == 0 or s < -1 for s in mesh) or mesh.count(-1) > 1:
-      raise ConfigError(f"config.mesh={mesh!r} is not accepted; expected three sizes >= 1 for "
-                        "(data, fsdp, tensor), at most one of them -1 (the remaining devices)")
+    mesh = check_mesh_shape(c, "mesh")
     cv.integer(c, "num_steps", lo=0)
     cv.optional_real(c, "max_cpu_minutes", lo=0.0)
     cv.integer(c, "log_every", lo=1)
@@ -535,7 +576,7 @@ class RunSpec(_Spec):
     cv.integer(c, "keep_checkpoints", lo=1)
     cv.boolean(c, "async_checkpoints")
     cv.boolean(c, "progress_bar")
-    object.__setattr__(self, "mesh", tuple(mesh))
+    object.__setattr__(self, "mesh", mesh)
 
   @property
   def cpu_budget_seconds(self) -> float | None:

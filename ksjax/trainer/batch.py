@@ -33,6 +33,7 @@ class MicroBatch:
   old_value: Any = None      # float32 [M, m], V_old(x) (ppo)
   value_weight: Any = None   # float32 [M, m], the value loss's row weights (ppo)
   ref_logp: Any = None       # float32 [M, m, T], the reference policy's (KL penalty)
+  is_weight: Any = None      # float32 [M, m], the row's group-level importance weight
 
   def arrays(self) -> dict[str, Any]:
     """The present fields by name."""
@@ -66,6 +67,8 @@ def present_fields(loss: LossSpec) -> tuple[str, ...]:
     out += ["old_value", "value_weight"]
   if loss.kl_coef > 0:
     out.append("ref_logp")
+  if loss.group_is:
+    out.append("is_weight")
   return tuple(out)
 
 
@@ -73,7 +76,7 @@ _DTYPES = {"tokens": (jnp.int32, 3), "attention_mask": (jnp.bool_, 3),
            "token_weight": (jnp.float32, 3), "behaviour_logp": (jnp.float32, 3),
            "advantage": (jnp.float32, 2), "old_logp": (jnp.float32, 3),
            "old_value": (jnp.float32, 2), "value_weight": (jnp.float32, 2),
-           "ref_logp": (jnp.float32, 3)}
+           "ref_logp": (jnp.float32, 3), "is_weight": (jnp.float32, 2)}
 
 
 def abstract(loss: LossSpec, mesh: jax.sharding.Mesh, *, rows: int, micro: int,

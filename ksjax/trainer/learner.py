@@ -13,6 +13,10 @@ Log-probabilities of three policies meet here:
 Plain PG weights each token by min(pi_theta / mu, is_cap) when is_cap is set, which is 1
 on-policy and corrects the lag of later mini-batches and epochs; the clipped stacks take the
 ratio pi_theta / pi_old and weight by min(pi_old / mu, is_cap), the sampler-learner mismatch.
+With is_level="group" every row of a prompt's group carries one weight, min(prod pi_old / mu,
+is_cap) over the group's tokens (`losses.group_is_weight`), from a forward pass over every row
+before the first optimizer step (the sparse path drops zero-advantage rows from the update, not
+from their group's weight).
 """
 
 from __future__ import annotations
@@ -74,8 +78,10 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
   clipped = cfg.clipped
   # Rows an update can use: every row, or in the sparse path those with a non-zero advantage.
   needed = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
+  if cfg.group_is:  # a group's weight reads every row of it
+    needed = np.arange(num_rows)
   old = {}
-  if clipped and len(needed):
+  if (clipped or cfg.group_is) and len(needed):
     old = forward_rows(updater, state.params, rollout, needed, cfg.micro_batch_size,
                        values=cfg.algorithm == "ppo")
   old_logp_rt = np.zeros(rollout.tokens_rt.shape, np.float32)
@@ -84,6 +90,12 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
     old_logp_rt[needed] = old["logp"]
   if "value" in old:
     old_value_r[needed] = old["value"]
+  is_weight_r = None
+  if cfg.group_is:
+    log_ratio_r = np.where(rollout.completion_mask_rt,
+                           old_logp_rt - rollout.behaviour_logp_rt, 0.0).sum(1)
+    is_weight_r = np.asarray(losses.group_is_weight(log_ratio_r, rollout.num_samples,
+                                                    cfg.is_cap), np.float32)
 
   rng = np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
   shuffle = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1
@@ -119,11 +131,13 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
           old_value=old_value_r[rows] if ppo else None,
           value_weight=(np.where(padding, 0.0, value_weight_r[local]).astype(np.float32)
                         if ppo else None),
-          ref_logp=ref_logp_rt[rows] if cfg.kl_coef > 0 else None)
+          ref_logp=ref_logp_rt[rows] if cfg.kl_coef > 0 else None,
+          is_weight=is_weight_r[rows] if is_weight_r is not None else None)
       batch = updater.place(batch.split(micro))
       state, metrics = updater.step(state, batch, rollout.prompt_len)
       for name, value in jax.device_get(metrics).items():
-        totals[name] = totals.get(name, 0.0) + float(value)
+        before = totals.get(name, 0.0)  # a "_max" metric is maxed, the others summed
+        totals[name] = max(before, float(value)) if name.endswith("_max") else before + float(value)
       optimizer_steps += 1
   return state, summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,
                           use_sparse)
@@ -142,6 +156,7 @@ def summarize(totals: Mapping[str, float], steps: int, kept_rows: int, rows: int
       "update/rows_fraction": kept_rows / max(rows, 1),
       "update/sparse": float(use_sparse),
       "is/weight_mean": totals["is_weight_sum"] / tokens,
+      "is/weight_max": totals["is_weight_max"],
       "is/log_ratio_abs_mean": totals["log_ratio_abs_sum"] / tokens,
   }
   if "clipped_tokens" in totals:

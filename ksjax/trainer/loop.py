@@ -55,7 +55,8 @@ from ksjax.run import checkpoints, policy, spec as spec_lib
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory
 from ksjax.run.spec import TrainSpec
-from ksjax.trainer import dynamic, held_out, learner, memory_plan, metrics, rollout, warmup
+from ksjax.trainer import async_rollouts, dynamic, held_out, learner, memory_plan, metrics
+from ksjax.trainer import rollout, warmup
 from ksjax.trainer import update as update_lib
 
 
@@ -136,12 +137,15 @@ def train(spec: TrainSpec) -> None:
 
 def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> None:
   tokenizer = task.tokenizer
-  mesh = model.make_mesh(spec.run.mesh)
+  mesh, sampler_mesh = async_rollouts.meshes(spec)  # the sampler's own sub-mesh, if any
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
   spec.check_mesh(batch_shards)
-  memory_plan.check_fits(spec, vocab_size=tokenizer.vocab_size)  # before allocating (not on CPU)
+  memory_plan.check_fits(spec, vocab_size=tokenizer.vocab_size,  # before allocating (not on CPU)
+                         **({"devices": list(mesh.devices.flat)} if sampler_mesh else {}))
   llama = policy.build_model(spec.model, tokenizer.vocab_size, mesh,
                              value_head=spec.loss.value_head, seed=spec.run.seed)
+  if sampler_mesh is not None:
+    model.sharding.check_divisible(llama.cfg, sampler_mesh)
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "
        f"{llama.cfg.hidden_size}; mesh {dict(mesh.shape)} on {jax.device_count()} "
        f"{jax.devices()[0].platform} device(s)")
@@ -176,18 +180,25 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   # Dynamic sampling pads the kept groups to whole mini-batches over the batch shards.
   group_multiple = dynamic.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
   first_step = step
+  draw_step = functools.partial(_draw_step, spec, task, data_iterator, multiple=group_multiple)
+  ahead = None  # lockstep; with config.max_lag, the rollouts sampled ahead (`async_rollouts`)
+  if s.max_lag:
+    ahead = _rollouts_ahead(spec, draw_step, graphdef, sampler_mesh or mesh, state, step,
+                            run_dir, resumed)
   try:
     while step < spec.run.num_steps and not over:
       timer = Timer()
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
-      state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
       k_now = e.k_at(step)  # config.k_schedule: the k this step optimises
-      draw = functools.partial(_sample_round, spec, nnx.merge(graphdef, state.params), task,
-                               data_iterator, sample_key=sample_key, k=k_now, mesh=mesh,
-                               timer=timer)
-      # Off: one round, every group. On: rounds until B groups with signal (`trainer.dynamic`).
-      drawn = dynamic.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
-                                max_rounds=s.dynamic_max_rounds, multiple=group_multiple)
+      worker_seconds = None
+      if ahead is None:
+        state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
+        drawn = draw_step(step, nnx.merge(graphdef, state.params), sample_key, mesh, timer)
+      else:
+        ahead.push(step, state.params)  # before the update donates them
+        state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
+        drawn, worker_seconds, lag = ahead.take(step)
+        timer.lap("time/rollout_wait")
       batch = drawn.update
       ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
       if len(drawn.kept) and spec.loss.reference_at(step + 1, spec.run.num_steps):
@@ -203,7 +214,11 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       jax.block_until_ready(state.step)
       timer.lap("time/update")
       step += 1
-      scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer)
+      scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer, worker_seconds)
+      if ahead is not None:
+        scalars["async/lag"] = float(lag)
+        scalars.update({f"async/{name.split('/')[-1]}_seconds": value
+                        for name, value in worker_seconds.items()})
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
       scalars.update(compiles.take())
@@ -215,6 +230,10 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       if logged:
         writer.write(step, scalars)
       bar.update(scalars)
+      if ahead is not None and (last or step % spec.run.checkpoint_every == 0):
+        # Before Orbax saves the data iterator: the worker is idle once these are done.
+        async_rollouts.save_pending(run_dir.workdir, step, ahead.settle(),
+                                    min(checkpointer.steps(), default=None))
       saved = checkpointer.save(step, state, data_iterator, spec.config_json, force=last)
       if saved and not logged:  # a resumed run reads its CPU time from the checkpoint's step
         writer.write(step, scalars)
@@ -222,6 +241,8 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
         _say(f"CPU budget spent: {used / 60:.2f} of {spec.run.max_cpu_minutes} CPU-minutes "
              f"after step {step}; stopping")
   finally:
+    if ahead is not None:
+      ahead.close()
     bar.close()
     writer.close()
     checkpointer.close()
@@ -312,6 +333,36 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 
+def _rollouts_ahead(spec: TrainSpec, draw_step, graphdef, sampler_mesh, state, step: int,
+                    run_dir: RunDirectory, resumed: bool) -> async_rollouts.Rollouts:
+  """The worker sampling config.max_lag steps ahead, with the rollouts the checkpoint saved."""
+  restored = async_rollouts.load_pending(run_dir.workdir, step) if resumed else None
+  if resumed and restored is None:
+    _say(f"warning: checkpoint {step} saved no rollouts sampled ahead; the next "
+         f"{spec.sampling.max_lag} steps sample with the parameters of step {step}")
+
+  def draw(s: int, sampler_params, sample_key, mesh):
+    timer = Timer()
+    drawn = draw_step(s, sampler_params, sample_key, mesh, timer)
+    return drawn, timer.seconds
+
+  return async_rollouts.Rollouts(draw, graphdef, max_lag=spec.sampling.max_lag, mesh=sampler_mesh,
+                                 rng=state.rng, step=step, restored=restored or [])
+
+
+def _draw_step(spec: TrainSpec, task, data_iterator, step: int, sampler, sample_key: jax.Array,
+               mesh, timer: Timer, *, multiple: int) -> dynamic.Drawn:
+  """Step `step`'s completions from `sampler` (a policy on `mesh`), scored, with their k-sample
+  weights. Dynamic sampling off: one round, every group; on: rounds until B groups with signal
+  (`trainer.dynamic`)."""
+  s = spec.sampling
+  draw = functools.partial(_sample_round, spec, sampler, task, data_iterator,
+                           sample_key=sample_key, k=spec.estimator.k_at(step), mesh=mesh,
+                           timer=timer)
+  return dynamic.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
+                           max_rounds=s.dynamic_max_rounds, multiple=multiple)
+
+
 def _sample_round(spec: TrainSpec, sampler, task, data_iterator, round_index: int, *,
                   sample_key: jax.Array, k: int, mesh, timer: Timer):
   """One round of a step's sampling: B prompts from the stream, n completions of each from
@@ -326,7 +377,8 @@ def _sample_round(spec: TrainSpec, sampler, task, data_iterator, round_index: in
 
 
 def _step_scalars(spec: TrainSpec, drawn: dynamic.Drawn, ref_logp_rt: np.ndarray | None,
-                  update_metrics: dict[str, float], timer: Timer) -> dict[str, float]:
+                  update_metrics: dict[str, float], timer: Timer,
+                  worker_seconds: dict[str, float] | None = None) -> dict[str, float]:
   """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed.
 
   The batch's scores, advantages, entropy and generated tokens are those of every sampled group
@@ -345,7 +397,8 @@ def _step_scalars(spec: TrainSpec, drawn: dynamic.Drawn, ref_logp_rt: np.ndarray
   generated = float(sampled.completion_mask_rt.sum())
   scalars["time/step"] = total
   scalars["throughput/tokens_per_s"] = generated / max(total, 1e-9)
-  scalars["throughput/sample_tokens_per_s"] = generated / max(timer.seconds["time/sampling"], 1e-9)
+  sampling = (worker_seconds or timer.seconds)["time/sampling"]  # the worker's, sampling ahead
+  scalars["throughput/sample_tokens_per_s"] = generated / max(sampling, 1e-9)
   trained = float(drawn.update.attention_mask_rt.sum()) * update_metrics["update/rows_fraction"]
   scalars["throughput/update_tokens_per_s"] = trained / max(timer.seconds["time/update"], 1e-9)
   return scalars

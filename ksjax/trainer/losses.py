@@ -27,6 +27,13 @@ Per-token terms:
   * clipped surrogate (PPO, GRPO, Dr. GRPO; paper appendix):
     l_t = -rho_t min(q_t A, clip(q_t, 1 - eps, 1 + eps) A), q_t = pi(y_t) / pi_old(y_t), and the
     truncated weight rho_t = min(pi_old / mu, C_is) corrects the sampler's mismatch with the learner.
+  * group-level importance weights (`group_is_weight`): one weight for every token of a prompt's
+    n completions, rho = min(prod over the group's tokens of pi / mu, C_is). A k-sample weight
+    w_i depends on all n samples of its group, so per-token weights correct only the sample's own
+    factor of the group's probability and leave the others at mu: unbiased for the mean
+    objective, biased for pass@k or majority voting (tests/trainer/test_async_rollouts.py shows
+    both by exact enumeration). The group's whole likelihood ratio is unbiased at C_is = inf, at
+    the price of a variance that grows with the group's length.
   * value loss (PPO): 0.5 max((V - R)^2, (clip(V, V_old - alpha, V_old + alpha) - R)^2) per
     completion, V = V(x) read at the prompt's last token, R the k-sample advantage.
   * KL to the reference policy per token: k1 = log pi - log pi_ref (unbiased for KL(pi, pi_ref)
@@ -82,6 +89,21 @@ def truncated_is_weight(logp_rt: jax.Array, behaviour_logp_rt: jax.Array,
     return jnp.ones_like(logp_rt)
   ratio_rt = jnp.exp(jax.lax.stop_gradient(logp_rt) - behaviour_logp_rt)
   return jnp.minimum(ratio_rt, cap)
+
+
+def group_is_weight(log_ratio_r: jax.Array, group_size: int, cap: float) -> jax.Array:
+  """min(exp(sum of the group's log-ratios), cap) for every row, float32 [R].
+
+  Args:
+    log_ratio_r: [R] per-row sums over completion tokens of log pi - log mu, rows prompt-major
+      (groups of `group_size` consecutive rows).
+    group_size: n, the completions of one prompt.
+    cap: C_is; inf for the untruncated weight.
+  """
+  log_w_g = log_ratio_r.reshape(-1, group_size).sum(-1)
+  # The minimum is taken in log space: exp of a long group's sum overflows before the cap.
+  w_g = jnp.exp(jnp.minimum(log_w_g, jnp.log(cap)))
+  return jnp.repeat(w_g, group_size)
 
 
 def policy_gradient(logp_rt: jax.Array, advantage_r: jax.Array, is_weight_rt: jax.Array) -> jax.Array:

@@ -3,6 +3,11 @@
 A run holds, per device, at all times
   * the parameters of the policy and its AdamW moments (the `TrainState` the update donates);
   * the frozen reference policy (a second copy of the parameters, for the KL metrics and penalty);
+  * with asynchronous rollouts (config.max_lag > 0), the sampler's own copy of the parameters
+    (`ksjax.trainer.async_rollouts`): on the learner's devices when it shares them, where sampling
+    and the update then run at the same time; on its own sub-mesh (config.sampler_devices)
+    otherwise, whose devices hold that copy (the sampler's programs are planned on the learner's
+    mesh, not on the sub-mesh);
 and, one phase at a time,
   * update:   the compiled optimizer step over one mini-batch (gradients, activations of the
               micro-batch, the gathered FSDP weights, the optimizer's temporaries);
@@ -274,16 +279,26 @@ class MemoryPlan:
   eval_decode: ProgramMemory
   extrapolated: bool       # the sampler's programs (and the update without remat) compiled at
                            # PROBE_DEPTHS and extrapolated to the model's depth
+  sampler_params: int = 0  # the asynchronous sampler's parameter copy (on its own devices, or
+                           # on the learner's when sampler_shared)
+  sampler_shared: bool = False
 
   @property
   def phases(self) -> dict[str, int]:
     """Peak bytes of each phase: what is held throughout plus the phase's program."""
     sampler_held = self.optimizer + self.reference  # the parameters are the programs' argument
-    return {
+    sampling = max(self.prefill.peak, self.decode.peak)
+    phases = {
         "update": self.reference + self.update.peak,
-        "sampling": sampler_held + max(self.prefill.peak, self.decode.peak),
+        "sampling": sampler_held + sampling,
         "eval": sampler_held + max(self.eval_prefill.peak, self.eval_decode.peak),
     }
+    if self.sampler_params and self.sampler_shared:  # its copy; its programs beside the update
+      phases["update"] += sampling - self.params + self.sampler_params
+      phases["sampling"] += self.sampler_params
+    elif self.sampler_params:  # its own devices: the copy and the sampler's programs
+      phases["sampler devices"] = sampling - self.params + self.sampler_params
+    return phases
 
   @property
   def peak(self) -> int:
@@ -317,6 +332,9 @@ class MemoryPlan:
         f"  parameters                {gib(self.params)}",
         f"  optimizer state (AdamW)   {gib(self.optimizer)}",
         f"  reference policy          {gib(self.reference)}",
+        *([f"  sampler's parameter copy  {gib(self.sampler_params)}"
+           + (" (its own devices)" if not self.sampler_shared else "")]
+          if self.sampler_params else []),
         f"  update: batch, gradients, activations {gib(self.update_activations)}",
         f"  sampler KV cache          {gib(self.kv_cache)}",
         f"  sampler, other than cache {gib(sampler_other)}",
@@ -374,6 +392,17 @@ def state_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh
                     reference=device_bytes(params))
 
 
+def sampler_copy_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any) -> int:
+  """Per-device bytes of the asynchronous sampler's parameter copy (0 in lockstep): on the
+  learner's mesh, or on the sampler's own sub-mesh (config.sampler_mesh over sampler_devices)."""
+  s = spec.sampling
+  if not s.max_lag:
+    return 0
+  if s.sampler_devices:
+    mesh = abstract_mesh(s.sampler_mesh, s.sampler_devices)
+  return device_bytes(abstract_params(cfg, mesh)[1])
+
+
 def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
          prompt_len: int | None = None, vocab_size: int | None = None) -> MemoryPlan:
   """The memory plan of a run on `devices` (default: all), without allocating the model.
@@ -411,7 +440,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
       kv_cache=train_cache, prefill=prefill, decode=decode, eval_kv_cache=eval_cache,
       eval_prefill=eval_prefill, eval_decode=eval_decode,
-      extrapolated=cfg.num_layers > EXACT_DEPTH)
+      extrapolated=cfg.num_layers > EXACT_DEPTH, sampler_params=sampler_copy_bytes(spec, cfg, mesh),
+      sampler_shared=not spec.sampling.sampler_devices)
 
 
 # ---------------------------------------------------------------------------------------------

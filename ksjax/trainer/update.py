@@ -68,12 +68,12 @@ def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperat
   on_rt = (weight_rt > 0).astype(jnp.float32)
   metrics = {"tokens": on_rt.sum()}
   if cfg.algorithm == "pg":
-    is_rt = losses.truncated_is_weight(logp_rt, mb.behaviour_logp, cfg.is_cap)
+    is_rt = _is_weight(mb, logp_rt, cfg)
     loss_rt = losses.policy_gradient(logp_rt, mb.advantage, is_rt)
     # How far the learner now is from the sampler (on-policy: their numerical mismatch).
     log_ratio_rt = jax.lax.stop_gradient(logp_rt) - mb.behaviour_logp
   else:
-    is_rt = losses.truncated_is_weight(mb.old_logp, mb.behaviour_logp, cfg.is_cap)
+    is_rt = _is_weight(mb, mb.old_logp, cfg)
     advantage_r = mb.advantage
     if cfg.algorithm == "ppo":
       advantage_r = advantage_r - mb.old_value
@@ -84,7 +84,10 @@ def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperat
   pg_loss = (weight_rt * loss_rt).sum()
   metrics["pg_loss"] = pg_loss
   metrics["is_weight_sum"] = (is_rt * on_rt).sum()
-  if cfg.is_cap is not None:
+  metrics["is_weight_max"] = (is_rt * on_rt).max()  # a "_max" metric: maxed, not summed
+  if cfg.group_is:
+    metrics["is_truncated_tokens"] = ((mb.is_weight[:, None] >= cfg.is_cap) * on_rt).sum()
+  elif cfg.is_cap is not None:
     metrics["is_truncated_tokens"] = ((log_ratio_rt > jnp.log(cfg.is_cap)) * on_rt).sum()
   metrics["log_ratio_abs_sum"] = (jnp.abs(log_ratio_rt) * on_rt).sum()
   loss = pg_loss
@@ -104,6 +107,20 @@ def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperat
     loss = loss + cfg.kl_coef * kl_loss
   metrics["loss"] = loss
   return loss, metrics
+
+
+def _is_weight(mb: MicroBatch, logp_rt: jax.Array, cfg: LossSpec) -> jax.Array:
+  """The truncated importance weights [m, T]: the row's group weight (`LossSpec.group_is`,
+  computed by the learner), else min(exp(logp - behaviour), is_cap) per token."""
+  if cfg.group_is:
+    return jnp.broadcast_to(mb.is_weight[:, None], logp_rt.shape)
+  return losses.truncated_is_weight(logp_rt, mb.behaviour_logp, cfg.is_cap)
+
+
+def add_metrics(sums: dict, metrics: dict) -> dict:
+  """Metric sums over micro-batches (or optimizer steps): added, but maxed for "*_max"."""
+  return {name: (jnp.maximum if name.endswith("_max") else jnp.add)(sums[name], value)
+          for name, value in metrics.items()}
 
 
 class Updater:
@@ -202,7 +219,7 @@ class Updater:
       def accumulate(carry, mb):
         grads, sums = carry
         (_, metrics), g = grad_fn(state.params, mb)
-        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, metrics)), None
+        return (jax.tree.map(jnp.add, grads, g), add_metrics(sums, metrics)), None
 
       first_mb = jax.tree.map(lambda x: x[0], batch)
       if jax.tree.leaves(batch)[0].shape[0] == 1:  # one micro-batch: nothing to accumulate

@@ -1,0 +1,225 @@
+"""Asynchronous rollouts (`ksjax.trainer.async_rollouts`): the importance correction of a lagged
+sampler, shown exact on the softmax bandit; lockstep (max_lag=0) unchanged bit for bit; a run with
+rollouts in flight resumed exactly; the sub-mesh split and its config errors."""
+
+import dataclasses
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ksjax import objectives
+from ksjax.bandit import exact
+from ksjax.bandit.variants import Variant
+from ksjax.config_validation import ConfigError
+from ksjax.run import spec as spec_lib
+from ksjax.run.directory import RunDirectory
+from ksjax.trainer import async_rollouts, loop, losses, memory_plan, metrics
+from tests.trainer.test_run import _final_params, _tiny_config
+
+# ---------------------------------------------------------------------------------------------
+# The correction, by exact enumeration on the softmax bandit (ESTIMATORS.md, last section)
+# ---------------------------------------------------------------------------------------------
+
+REWARDS_A = np.array([1.0, 0.0, -0.5, 0.25])
+THETA_PI = np.array([0.3, -0.2, 0.1, -0.4])  # the learner's policy pi
+THETA_MU = np.array([-0.5, 0.6, 0.0, 0.2])   # the lagged sampler's mu
+
+
+def _expected_update(variant: Variant, correction: str, loss: str) -> np.ndarray:
+  """E_{y ~ mu^k}[-grad_theta of the trainer's loss on the group y] at theta = THETA_PI, summed
+  exactly over all A^k ordered groups (each a row per sample, one token per row)."""
+  k, num_actions = variant.k, len(REWARDS_A)
+  groups_gk = np.asarray(list(itertools.product(range(num_actions), repeat=k)))
+  theta_mu = jnp.asarray(THETA_MU)
+  log_mu_gk = jax.nn.log_softmax(theta_mu)[groups_gk]
+  prob_mu_g = jnp.exp(log_mu_gk.sum(-1))
+  adv_gk = objectives.k_sample_advantages(
+      jnp.asarray(REWARDS_A[groups_gk]), aggregator=variant.aggregator,
+      baseline=variant.baseline, k=k,
+      answer_ids=groups_gk if variant.aggregator == "majority_vote" else None)
+
+  def group_loss(theta, group_k, adv_k, log_mu_k):
+    logp_k1 = jax.nn.log_softmax(theta)[group_k][:, None]  # [R = k rows, T = 1]
+    behaviour_k1 = log_mu_k[:, None]
+    if correction == "none":
+      rho_k1 = jnp.ones_like(logp_k1)
+    elif correction == "token":
+      rho_k1 = losses.truncated_is_weight(logp_k1, behaviour_k1, np.inf)
+    else:
+      log_ratio_k = jax.lax.stop_gradient(logp_k1 - behaviour_k1)[:, 0]
+      rho_k1 = losses.group_is_weight(log_ratio_k, k, np.inf)[:, None]
+    if loss == "pg":
+      loss_k1 = losses.policy_gradient(logp_k1, adv_k, rho_k1)
+    else:  # the clipped surrogate at theta = theta_old: PPO's first step
+      loss_k1, _ = losses.clipped_surrogate(logp_k1, jax.lax.stop_gradient(logp_k1), adv_k,
+                                            rho_k1, 0.2)
+    return loss_k1.sum()
+
+  grads_ga = jax.vmap(jax.grad(group_loss), in_axes=(None, 0, 0, 0))(
+      jnp.asarray(THETA_PI), groups_gk, adv_gk, log_mu_gk)
+  return np.asarray(-(prob_mu_g[:, None] * grads_ga).sum(0))
+
+
+def _true_gradient(variant: Variant) -> np.ndarray:
+  return np.asarray(jax.grad(exact.target_objective)(jnp.asarray(THETA_PI),
+                                                     jnp.asarray(REWARDS_A), variant))
+
+
+PASS_AT_K = Variant("pass_at_k", "loo", k=3)
+MEAN = Variant("mean", "loo", k=3)
+MAJORITY = Variant("majority_vote", "loo", k=3)
+
+
+@pytest.mark.parametrize("loss", ["pg", "clipped"])
+@pytest.mark.parametrize("variant", [PASS_AT_K, MEAN, MAJORITY], ids=lambda v: v.key)
+def test_a_lagged_sampler_biases_the_update_and_the_group_weight_removes_it(variant, loss):
+  with jax.enable_x64(True):
+    truth = _true_gradient(variant)
+    assert np.linalg.norm(truth) > 1e-2  # a gradient worth estimating
+    uncorrected = _expected_update(variant, "none", loss)
+    group = _expected_update(variant, "group", loss)
+  # mu != pi and no correction: the expected update is another policy's gradient.
+  assert np.linalg.norm(uncorrected - truth) > 0.05 * np.linalg.norm(truth)
+  # The group's likelihood ratio, untruncated: unbiased whatever the aggregator.
+  np.testing.assert_allclose(group, truth, atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize("variant", [PASS_AT_K, MAJORITY], ids=lambda v: v.key)
+def test_per_token_weights_leave_k_sample_estimators_biased_but_not_the_mean(variant):
+  """w_i depends on the whole group; min(pi/mu, inf) on sample i alone corrects its own factor
+  of the group's probability only. The mean's LOO weight depends on y_i's reward and on the
+  others only through a baseline with zero expected score, so for it per-token weights suffice."""
+  with jax.enable_x64(True):
+    token = _expected_update(variant, "token", "pg")
+    truth = _true_gradient(variant)
+    mean_token = _expected_update(MEAN, "token", "pg")
+    mean_truth = _true_gradient(MEAN)
+  assert np.linalg.norm(token - truth) > 0.05 * np.linalg.norm(truth)
+  np.testing.assert_allclose(mean_token, mean_truth, atol=1e-8, rtol=0)
+
+
+def test_on_policy_every_correction_is_the_plain_estimator():
+  """mu = pi (lag 0): the weights are 1 and nothing changes."""
+  global THETA_MU  # pylint: disable=global-statement
+  saved, THETA_MU = THETA_MU, THETA_PI
+  try:
+    with jax.enable_x64(True):
+      truth = _true_gradient(PASS_AT_K)
+      for correction in ("none", "token", "group"):
+        np.testing.assert_allclose(_expected_update(PASS_AT_K, correction, "pg"), truth,
+                                   atol=1e-8, rtol=0)
+  finally:
+    THETA_MU = saved
+
+
+def test_group_weights_are_truncated_in_log_space():
+  log_ratio_r = jnp.asarray([1.0, 2.0, -0.5, 400.0, 300.0, 0.0], jnp.float32)
+  w = np.asarray(losses.group_is_weight(log_ratio_r, 3, 5.0))
+  np.testing.assert_allclose(w, [5.0] * 6)  # e^2.5 and e^700 (inf in float32) capped at 5
+  w = np.asarray(losses.group_is_weight(jnp.asarray([0.1, -0.3]), 2, np.inf))
+  np.testing.assert_allclose(w, [np.exp(-0.2)] * 2, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+# A tiny run whose updates move the parameters (the mean's weights are never all zero).
+MOVING = {"aggregator": "mean", "baseline": "none", "num_steps": 3}
+
+# The same 3-step run on the commit before asynchronous rollouts existed (lockstep only): the
+# sha256 of its final parameters and its per-step losses. max_lag=0 must reproduce them bit for
+# bit on this platform (float32 on XLA's CPU backend; another CPU may round differently).
+LOCKSTEP_PARAMS_SHA256 = "97b39a111b88bfe20c8b2d85b987fa7288843226d5049f4295d49622b89eb23a"
+
+
+def _params_sha256(workdir) -> str:
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(_final_params(str(workdir))):
+    digest.update(np.asarray(leaf).tobytes())
+  return digest.hexdigest()
+
+
+def _lines(workdir):
+  return metrics.read_jsonl(RunDirectory(str(workdir)).metrics_jsonl)
+
+
+def test_lockstep_is_the_trainer_before_asynchronous_rollouts_bit_for_bit(tmp_path):
+  loop.run(_tiny_config(tmp_path / "run", **MOVING))
+  lines = _lines(tmp_path / "run")
+  assert not any(name.startswith("async/") for line in lines for name in line)
+  assert not os.path.exists(tmp_path / "run" / async_rollouts.ROLLOUTS_DIR)
+  assert _params_sha256(tmp_path / "run") == LOCKSTEP_PARAMS_SHA256
+
+
+ASYNC = {**MOVING, "max_lag": 1, "sampler_devices": 4, "mesh": (-1, 1, 1), "is_cap": np.inf,
+         "num_steps": 4, "keep_checkpoints": 4}
+
+
+@pytest.mark.slow  # three tiny runs: about a minute of CPU
+def test_rollouts_ahead_log_their_lag_and_resume_exactly_with_rollouts_in_flight(tmp_path):
+  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+  loop.run(_tiny_config(straight, **ASYNC))
+  # Stopped after step 2 with the rollout of step 3 (and 4, sampled ahead) in flight.
+  loop.run(_tiny_config(stopped, **{**ASYNC, "num_steps": 2}))
+  loop.run(_tiny_config(stopped, **{**ASYNC, "resume": True}))
+  a, b = _lines(straight), _lines(stopped)
+  assert [line["async/lag"] for line in a] == [0.0, 1.0, 1.0, 1.0]
+  assert all(0 < line["is/weight_max"] and "is/truncated_fraction" in line for line in a)
+  assert any(line["is/weight_mean"] != 1.0 for line in a[2:])  # pi has left mu by step 3
+  for name in ("loss/total", "reward/mean", "is/weight_mean", "is/weight_max"):
+    assert [line[name] for line in a] == [line[name] for line in b], name
+  assert _params_sha256(straight) == _params_sha256(stopped)
+
+
+def test_the_sampler_gets_the_last_devices_and_bad_splits_are_refused():
+  def spec(**overrides):
+    return spec_lib.from_config(_tiny_config("unused", **overrides))
+
+  learner, sampler = async_rollouts.meshes(spec(max_lag=1, sampler_devices=2, mesh=(-1, 1, 1)))
+  devices = jax.devices()
+  assert list(learner.devices.flat) == devices[:6] and list(sampler.devices.flat) == devices[6:]
+  assert async_rollouts.meshes(spec(max_lag=1))[1] is None  # shared devices
+  cases = [({"max_lag": -1}, "config.max_lag=-1"),
+           ({"sampler_devices": 2}, "config.sampler_devices=2 is not accepted with "
+                                    "config.max_lag=0"),
+           ({"max_lag": 1, "sampler_devices": 8}, "config.sampler_devices=8"),
+           ({"max_lag": 1, "sampler_devices": 3, "sampler_mesh": (2, 1, 1)},
+            "config.sampler_mesh=(2, 1, 1)"),
+           ({"max_lag": 1, "sampler_devices": 3, "mesh": (2, 1, 1)}, "config.mesh=(2, 1, 1)"),
+           ({"is_cap": 0.5}, "config.is_cap=0.5"),
+           ({"is_level": "group"}, "config.is_level='group'"),
+           ({"is_level": "sequence"}, "config.is_level='sequence'")]
+  for overrides, message in cases:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+      async_rollouts.meshes(spec(**overrides))
+
+
+def test_the_memory_plan_counts_the_samplers_parameter_copy():
+  def spec(**overrides):
+    return spec_lib.from_config(_tiny_config("unused", **{"mesh": (1, 8, 1), **overrides}))
+
+  cfg, mesh = memory_plan.resolve(spec(), 8, vocab_size=64)
+  params = memory_plan.state_bytes(spec(), cfg, mesh).params  # FSDP: an eighth on each device
+  assert memory_plan.sampler_copy_bytes(spec(), cfg, mesh) == 0  # lockstep: no copy
+  assert memory_plan.sampler_copy_bytes(spec(max_lag=2), cfg, mesh) == params
+  own = spec(max_lag=1, sampler_devices=2, sampler_mesh=(1, 2, 1), mesh=(1, 6, 1))
+  assert memory_plan.sampler_copy_bytes(own, cfg, mesh) > 3 * params  # halves, not eighths
+  program = memory_plan.ProgramMemory(arguments=10, outputs=5, aliased=0, temps=7)
+  plan = memory_plan.MemoryPlan(
+      model=cfg, mesh={"data": 1, "fsdp": 8, "tensor": 1}, platform="cpu",
+      shapes=memory_plan.Shapes(*[1] * len(dataclasses.fields(memory_plan.Shapes))),
+      params=10, optimizer=20, reference=10, update=program, kv_cache=1, prefill=program,
+      decode=program, eval_kv_cache=1, eval_prefill=program, eval_decode=program,
+      extrapolated=False)
+  shared = dataclasses.replace(plan, sampler_params=10, sampler_shared=True)
+  assert shared.phases["update"] == plan.phases["update"] + 22 - 10 + 10  # sampling beside it
+  assert shared.phases["sampling"] == plan.phases["sampling"] + 10
+  apart = dataclasses.replace(plan, sampler_params=10)
+  assert apart.phases["update"] == plan.phases["update"]
+  assert apart.phases["sampler devices"] == 22 and "sampler's parameter copy" in apart.table()
