@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.synthetic.train_per_level = 800
   c.synthetic.test_per_level = 60
   c.synthetic.num_solutions = 4  # reference solutions (routes) per problem for the warm-up
+  c.synthetic.modulus = 10  # the answers are 0..modulus-1 (2 to 100); the problems do not change
   c.arithmetic = ml_collections.ConfigDict()  # word problems for instruct models (tasks.arithmetic)
   c.arithmetic.seed = 0  # fixes the train and test problems (independent of the run's seed)
   c.arithmetic.levels = (1, 2, 3, 4)

@@ -52,6 +52,7 @@ IS_LEVELS = ("token", "group")  # what one truncated importance weight covers (L
 # Where starting weights may come from: a Hugging Face directory, a ksjax.model checkpoint, a GGUF.
 STARTS = ("init_hf", "init_checkpoint", "init_gguf")
 ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
+SYNTHETIC_MAX_MODULUS = 100  # ksjax.tasks.synthetic.MAX_MODULUS (tests check they agree)
 # Completions per prompt: the estimator is checked at start-up on a group of n (O(n) memory and
 # time, ~0.5 s at this bound), so an n in the billions would hang or exhaust memory before the
 # run begins.
@@ -108,6 +109,7 @@ class TaskSpec(_Spec):
   synthetic_train_per_level: int = 800
   synthetic_test_per_level: int = 60
   synthetic_num_solutions: int = 4
+  synthetic_modulus: int = 10        # the embedded task's answers are 0..modulus-1
   data_dir: str | None = None        # dataset tasks: built by `python -m ksjax.tasks.data`
   train_split: str = "train"
   tokenizer_path: str | None = None  # tokenizer.json or its directory; None: the model's
@@ -123,7 +125,8 @@ class TaskSpec(_Spec):
   CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",
             "system_prompt": "chat.system_prompt",
             **{f"synthetic_{f}": f"synthetic.{f}" for f in (
-                "seed", "levels", "train_per_level", "test_per_level", "num_solutions")},
+                "seed", "levels", "train_per_level", "test_per_level", "num_solutions",
+                "modulus")},
             **{f"arithmetic_{f}": f"arithmetic.{f}" for f in (
                 "seed", "levels", "train_per_level", "test_per_level")},
             **{f"tokenizer_{f}": f"tokenizer.{f}" for f in ("path", "bos", "eos", "pad")}}
@@ -145,6 +148,7 @@ class TaskSpec(_Spec):
     cv.integer(c, "synthetic.train_per_level", lo=1)
     cv.integer(c, "synthetic.test_per_level", lo=1, hi=155)
     cv.integer(c, "synthetic.num_solutions", lo=1)
+    cv.integer(c, "synthetic.modulus", lo=2, hi=SYNTHETIC_MAX_MODULUS)
     cv.string(c, "data.data_dir", allow_none=True)
     cv.string(c, "data.train_split")
     cv.string(c, "tokenizer.path", allow_none=True)

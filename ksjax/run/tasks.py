@@ -90,7 +90,7 @@ def make_task(task: TaskSpec, model: ModelSpec, eval_split: str) -> Task:
         train_per_level=task.synthetic_train_per_level,
         test_per_level=task.synthetic_test_per_level,
         num_solutions=task.synthetic_num_solutions, reward_correct=task.correct_reward,
-        reward_wrong=task.wrong_reward)
+        reward_wrong=task.wrong_reward, modulus=task.synthetic_modulus)
   if task.name in registry.CHAT_TASKS:
     tok = tokenizer(task, model)
     template = chat_template(task, model, tok)

@@ -1,4 +1,4 @@
-"""The embedded default task: signed digit chains modulo 10, solved step by step.
+"""The embedded default task: signed digit chains modulo M (10 by default), solved step by step.
 
 A problem is a chain of L operations on digits, e.g. `7+3-5+2 mod 10`, and the model answers
 with a running total, one operation per step, ending in the MATH-style sentence:
@@ -15,14 +15,25 @@ minutes, its answers are verifiable exactly, and it has what k-sample objectives
   solutions show several routes, so a warmed-up model samples diverse chains of thought and
   pass@k differs from pass@1.
 * A difficulty ladder set by the carried state, not by new skills. Every step is one lookup in
-  the same 200-entry table (running total, sign, digit) -> total, which every training problem
-  of level L shows L times; level 1 is that lookup alone. What grows with the level is the
-  bookkeeping: copy the running total, pick a term not used yet (with its sign) among up to
-  six, and stop after exactly L steps. A step that reuses or skips a term yields a plausible
-  but wrong total, and errors compound: with a per-step success q, level L succeeds with about
-  q^L.
-* Ten possible answers (0-9), so wrong answers split over several classes and majority voting
-  is a real choice.
+  the same table (running total, sign, digit) -> total, 200 entries at M = 10, which every
+  training problem of level L shows L times; level 1 is that lookup alone. What grows with the
+  level is the bookkeeping: copy the running total, pick a term not used yet (with its sign)
+  among up to six, and stop after exactly L steps. A step that reuses or skips a term yields a
+  plausible but wrong total, and errors compound: with a per-step success q, level L succeeds
+  with about q^L.
+* M possible answers (0..M-1), so wrong answers split over several classes and majority
+  voting is a real choice.
+
+The modulus (`modulus`, config.synthetic.modulus: 2 to 100, default 10) sets the answer space;
+with ten answers, any policy that keeps some randomness finds the right one among 100 samples,
+so pass@100 cannot move. Terms stay digits 0-9 for every M: M sets the range of the running
+totals and of the answers, 0..M-1. A level-L sum lies in [-9L, 9L + 9] before it is reduced,
+18L + 10 values, so at M = 100 levels 1..5 have 28, 46, 64, 82 and 100 possible answers (at
+M = 20, all twenty at every level). Why digit terms rather than terms in 0..M-1: a seed gives
+the same problems for every M (only the suffix, the totals and the answers change), a step still
+adds or subtracts one digit (a table of 20 M entries, not 2 M^2), and sequences grow by at most
+one character per total (two-digit totals). Above 100 a modulus would only relabel negative
+sums, and totals would need three digits. With M = 10 the task is exactly the original one.
 
 What a tiny model makes of it (measured once, before ksjax's trainer existed, with a stand-in: a
 2-layer width-64 causal transformer in torch with learnt absolute positions, AdamW 3e-3, batches
@@ -40,13 +51,15 @@ the mean differ, and `levels` can drop the easy levels. Level 1 trails level 2 i
 stand-in: its training split is small (below) and its prompts are the shortest, the positions
 learnt absolute embeddings see least (whether Llama's RoPE closes the gap is not measured).
 
-Sequences stay short for CPU speed: at level 5 the prompt has 19 characters and a solution 57.
+Sequences stay short for CPU speed: at level 5 the prompt has 19 characters and a solution 57
+(at 10 < M <= 100, up to 20 and 67: `max_prompt_chars`, `max_solution_chars`).
 
 The splits are generated deterministically from a seed. For every level the test problems are
 drawn first and the training problems after, skipping any problem that is a reordering of a
-test problem (same multiset of signed terms, hence the same routes), so train and test never
-share a problem even up to commutativity, and the test split does not change when the training
-split's size does. Level 1 has only 155 distinct problems, so its training split is smaller.
+test problem (same multiset of signed terms, hence the same routes and the same answer for
+every M), so train and test never share a problem even up to commutativity, and the test split
+does not change when the training split's size does. Level 1 has only 155 distinct problems
+(for every M: terms are digits), so its training split is smaller.
 """
 
 from __future__ import annotations
@@ -68,7 +81,10 @@ from tokenizers import decoders, models, pre_tokenizers
 from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
 from ksjax.tokenization import Tokenizer
 
-MODULUS = 10
+DEFAULT_MODULUS = 10
+# The largest modulus: running totals keep at most two digits, and at level 5 the sums before
+# reduction span exactly 100 values (see the module docstring).
+MAX_MODULUS = 100
 LEVELS = (1, 2, 3, 4, 5)
 SPLITS = ("train", "test")
 
@@ -77,11 +93,10 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Printable ASCII and newline: every character of the task, and of most garbage a model can emit.
 CHARACTERS = tuple(c for c in string.printable if c not in "\t\r\x0b\x0c")
 
-_PROMPT_SUFFIX = f" mod {MODULUS}\n"
 _ANSWER_TEMPLATE = ". The final answer is {}."
 _STEP_SEPARATOR = ", "
 _PROMPT_RE = re.compile(
-    rf"([0-9](?:[+-][0-9]){{{LEVELS[0]},{LEVELS[-1]}}}){re.escape(_PROMPT_SUFFIX)}", re.ASCII)
+    rf"([0-9](?:[+-][0-9]){{{LEVELS[0]},{LEVELS[-1]}}}) mod ([1-9][0-9]{{0,2}})\n", re.ASCII)
 # The phrase that introduces the answer; the last occurrence in a completion counts.
 _PHRASE_RE = re.compile(r"final answer is", re.IGNORECASE)
 # What may follow the phrase: optional ":", "$" or "\boxed{", then an integer written in ASCII
@@ -90,13 +105,34 @@ _PHRASE_RE = re.compile(r"final answer is", re.IGNORECASE)
 _ANSWER_RE = re.compile(r"[ :]*\$?(?:\\boxed\{)?([+-]?[0-9]+)(?!\.?[0-9A-Za-z_])", re.ASCII)
 
 
+def check_modulus(modulus: Any) -> int:
+  """`modulus` if the task accepts it (an integer from 2 to MAX_MODULUS), else ValueError."""
+  if isinstance(modulus, bool) or not isinstance(modulus, int) or not (
+      2 <= modulus <= MAX_MODULUS):
+    raise ValueError(f"modulus={modulus!r} is not accepted; expected an integer from 2 to "
+                     f"{MAX_MODULUS}")
+  return modulus
+
+
+def _prompt_suffix(modulus: int) -> str:
+  return f" mod {modulus}\n"
+
+
+def _total_width(modulus: int) -> int:
+  """The most digits a running total has: a first term (0-9) or a total in 0..modulus-1."""
+  return len(str(max(modulus - 1, 9)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """`digits[0] ops[0] digits[1] ops[1] ... digits[L]` modulo 10, with L = len(ops) = level."""
+  """`digits[0] ops[0] digits[1] ops[1] ... digits[L]` modulo `modulus`, with L = len(ops) =
+  level."""
   digits: tuple[int, ...]
   ops: tuple[str, ...]
+  modulus: int = DEFAULT_MODULUS
 
   def __post_init__(self):
+    check_modulus(self.modulus)
     if len(self.digits) != len(self.ops) + 1 or not LEVELS[0] <= len(self.ops) <= LEVELS[-1]:
       raise ValueError(f"a problem has 1 + L digits and L operations with L in {LEVELS}; "
                        f"got digits={self.digits}, ops={self.ops}")
@@ -119,11 +155,11 @@ class Problem:
   @property
   def text(self) -> str:
     """The prompt given to the model."""
-    return self.expression + _PROMPT_SUFFIX
+    return self.expression + _prompt_suffix(self.modulus)
 
   @property
   def answer(self) -> int:
-    return sum(d if s == "+" else -d for s, d in zip(self.signs, self.digits)) % MODULUS
+    return sum(d if s == "+" else -d for s, d in zip(self.signs, self.digits)) % self.modulus
 
   @property
   def key(self) -> tuple[tuple[str, int], ...]:
@@ -136,9 +172,14 @@ def parse_problem(text: str) -> Problem:
   match = _PROMPT_RE.fullmatch(text)
   if match is None:
     raise DataError(f"not a synthetic-task prompt: {text[:80]!r}; expected digits joined by '+' "
-                    f"or '-' with 1 to 5 operations, followed by {_PROMPT_SUFFIX!r}")
-  expression = match.group(1)
-  return Problem(digits=tuple(int(c) for c in expression[0::2]), ops=tuple(expression[1::2]))
+                    f"or '-' with 1 to 5 operations, followed by ' mod M' and a newline")
+  expression, modulus = match.group(1), int(match.group(2))
+  try:
+    check_modulus(modulus)
+  except ValueError as e:
+    raise DataError(f"synthetic-task prompt {text[:80]!r}: {e}") from None
+  return Problem(digits=tuple(int(c) for c in expression[0::2]), ops=tuple(expression[1::2]),
+                 modulus=modulus)
 
 
 def is_route(problem: Problem, order: Sequence[int]) -> bool:
@@ -155,7 +196,7 @@ def solution(problem: Problem, order: Sequence[int]) -> str:
   steps = []
   for i in order[1:]:
     sign, digit = problem.signs[i], problem.digits[i]
-    new_total = (total + digit if sign == "+" else total - digit) % MODULUS
+    new_total = (total + digit if sign == "+" else total - digit) % problem.modulus
     steps.append(f"{total}{sign}{digit}={new_total}")
     total = new_total
   return _STEP_SEPARATOR.join(steps) + _ANSWER_TEMPLATE.format(total)
@@ -186,15 +227,17 @@ def reference_solutions(problem: Problem, count: int = 4) -> tuple[str, ...]:
   return tuple(solutions)
 
 
-def max_prompt_chars() -> int:
-  return 2 * LEVELS[-1] + 1 + len(_PROMPT_SUFFIX)
+def max_prompt_chars(modulus: int = DEFAULT_MODULUS) -> int:
+  return 2 * LEVELS[-1] + 1 + len(_prompt_suffix(modulus))
 
 
-def max_solution_chars() -> int:
-  """Length of a solution at the top level; every solution of this task is at most this long."""
-  step_chars = len("0+0=0")
-  return (LEVELS[-1] * step_chars + (LEVELS[-1] - 1) * len(_STEP_SEPARATOR)
-          + len(_ANSWER_TEMPLATE.format(0)))
+def max_solution_chars(modulus: int = DEFAULT_MODULUS, level: int = LEVELS[-1]) -> int:
+  """Length of the longest solution at `level`; every solution up to that level is at most this
+  long. A step is `a±d=r`: the first step's `a` is a term (one digit), every other `a` and every
+  `r` a running total (`_total_width` digits)."""
+  width = _total_width(modulus)
+  return ((3 + 1 + width) + (level - 1) * (width + 3 + width)
+          + (level - 1) * len(_STEP_SEPARATOR) + len(_ANSWER_TEMPLATE.format("0" * width)))
 
 
 def extract_answer(completion: str) -> str | None:
@@ -215,35 +258,38 @@ def extract_answer(completion: str) -> str | None:
   return digits if digits == "0" else sign + digits
 
 
-def _enumerate_level(level: int) -> Iterator[Problem]:
+def _enumerate_level(level: int, modulus: int) -> Iterator[Problem]:
   for digits in itertools.product(range(10), repeat=level + 1):
     for ops in itertools.product("+-", repeat=level):
-      yield Problem(digits=digits, ops=ops)
+      yield Problem(digits=digits, ops=ops, modulus=modulus)
 
 
-def _stream(level: int, rng: np.random.Generator) -> Iterator[Problem]:
+def _stream(level: int, rng: np.random.Generator, modulus: int) -> Iterator[Problem]:
   """Problems of one level in a seeded random order: a permutation of all of them where that is
-  small, independent uniform draws (repeats possible) otherwise."""
+  small, independent uniform draws (repeats possible) otherwise. The order does not depend on
+  the modulus (terms are digits for every modulus)."""
   size = 10 * 2 ** level * 10 ** level
   if size <= 5000:
-    everything = list(_enumerate_level(level))
+    everything = list(_enumerate_level(level, modulus))
     for i in rng.permutation(len(everything)):
       yield everything[i]
     return
   for _ in range(200 * size):  # ends long before: callers stop once they have enough
     yield Problem(digits=tuple(int(d) for d in rng.integers(0, 10, level + 1)),
-                  ops=tuple("+-"[int(b)] for b in rng.integers(0, 2, level)))
+                  ops=tuple("+-"[int(b)] for b in rng.integers(0, 2, level)), modulus=modulus)
 
 
 def generate_split_problems(*, seed: int, train_per_level: int, test_per_level: int,
-                            levels: Sequence[int] = LEVELS) -> dict[str, list[Problem]]:
+                            levels: Sequence[int] = LEVELS,
+                            modulus: int = DEFAULT_MODULUS) -> dict[str, list[Problem]]:
   """Deterministic train and test problems: level by level, test first (one problem per
   multiset of signed terms), then train (distinct texts, no multiset shared with test)."""
+  check_modulus(modulus)
   splits: dict[str, list[Problem]] = {"train": [], "test": []}
   for level in levels:
     if level not in LEVELS:
       raise ValueError(f"level {level!r} is not accepted; expected one of {LEVELS}")
-    stream = _stream(level, np.random.default_rng([seed, level]))
+    stream = _stream(level, np.random.default_rng([seed, level]), modulus)
     test_keys: set = set()
     for problem in stream:
       if len(test_keys) >= test_per_level:
@@ -277,7 +323,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 class SyntheticTask(Task):
-  """Signed digit chains modulo 10 (see the module docstring for the design).
+  """Signed digit chains modulo `modulus` (see the module docstring for the design).
 
   Args:
     seed: fixes both splits.
@@ -287,6 +333,7 @@ class SyntheticTask(Task):
     num_solutions: reference solutions (distinct routes) per problem.
     reward_correct, reward_wrong: the reward of a correct and of any other completion.
     tokenizer: tokenizes the prompts; the task's character tokenizer by default.
+    modulus: the answers are 0..modulus-1 (2 to MAX_MODULUS); the problems do not depend on it.
   """
 
   name = "synthetic"
@@ -294,10 +341,11 @@ class SyntheticTask(Task):
   def __init__(self, *, seed: int = 0, train_per_level: int = 800, test_per_level: int = 60,
                levels: Sequence[int] = LEVELS, num_solutions: int = 4,
                reward_correct: float = 1.0, reward_wrong: float = -1.0,
-               tokenizer: Tokenizer | None = None):
+               tokenizer: Tokenizer | None = None, modulus: int = DEFAULT_MODULUS):
     if num_solutions < 1:
       raise ValueError(f"num_solutions={num_solutions} is not accepted; expected >= 1")
     self.seed = seed
+    self.modulus = check_modulus(modulus)
     self.tokenizer = tokenizer or make_tokenizer()
     self.num_solutions = num_solutions
     self.reward_correct = float(reward_correct)
@@ -305,7 +353,7 @@ class SyntheticTask(Task):
     self._levels = tuple(sorted(set(levels)))
     self._problems = generate_split_problems(
         seed=seed, train_per_level=train_per_level, test_per_level=test_per_level,
-        levels=self._levels)
+        levels=self._levels, modulus=self.modulus)
     self._prompts = {split: tuple(self._prompt(p) for p in problems)
                      for split, problems in self._problems.items()}
 
@@ -339,9 +387,12 @@ class SyntheticTask(Task):
     if not isinstance(text, str):
       raise DataError(f"synthetic record {record.get('id')!r} has no 'problem' string")
     problem = parse_problem(text)
+    if problem.modulus != self.modulus:
+      raise DataError(f"synthetic record {record.get('id')!r} is a problem modulo "
+                      f"{problem.modulus}, but the task's modulus is {self.modulus}")
     if str(record.get("answer")) != str(problem.answer):
       raise DataError(f"synthetic record {record.get('id')!r} has answer {record.get('answer')!r}, "
-                      f"but {problem.expression} mod {MODULUS} is {problem.answer}")
+                      f"but {problem.expression} mod {problem.modulus} is {problem.answer}")
     return self._prompt(problem)
 
   def score(self, prompts: Sequence[Prompt],
