@@ -235,21 +235,44 @@ def _write_json(path: str, data: Any) -> None:
   files.write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
+def _git(*args: str) -> str | None:
+  """The output of `git <args>` in the repository; None where git or the repository is missing."""
+  try:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
 def _record_provenance(study) -> None:
   """Writes, once per study directory, the ksjax commit the study started at: floating-point
   results (and so every number) can change with the code, so they are tied to a commit."""
   path = os.path.join(study.out, "provenance.json")
   if os.path.exists(path):
     return
-  def git(*args: str) -> str | None:
-    try:
-      return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                            check=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-      return None
-  status = git("status", "--porcelain", "--untracked-files=no")
-  _write_json(path, {"commit": git("rev-parse", "HEAD"),
+  status = _git("status", "--porcelain", "--untracked-files=no")
+  _write_json(path, {"commit": _git("rev-parse", "HEAD"),
                      "uncommitted_changes": None if status is None else bool(status)})
+
+
+def refuse_dirty_tree(study) -> None:
+  """Exits with status 2 if tracked files have uncommitted changes: a study's numbers are tied to
+  the commit in provenance.json, which would not be the code that made them. The study's own
+  output directory is not looked at (a resumed study has written there), and the smoke run
+  (`study.quick`) may run on a dirty tree."""
+  if study.quick:
+    return
+  paths = ["."]
+  if os.path.commonpath([os.path.abspath(study.out), REPO]) == REPO:
+    paths.append(f":(exclude){os.path.relpath(os.path.abspath(study.out), REPO)}")
+  status = _git("status", "--porcelain", "--untracked-files=no", "--", *paths)
+  if status:
+    changed = [line.split(maxsplit=1)[-1] for line in status.splitlines()]
+    print(f"tradeoff: the git tree has uncommitted changes to {len(changed)} tracked file(s) "
+          f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); expected a clean "
+          "tree, so that provenance.json's commit is the code that made the results (commit or "
+          "stash them; --study.quick=True runs anyway)", file=sys.stderr)
+    sys.exit(2)
 
 
 def _done_path(study, name: str) -> str:
@@ -700,6 +723,7 @@ def main(argv: Sequence[str]) -> None:
   if study.worker >= 0:
     worker(study)
     return
+  refuse_dirty_tree(study)
   os.makedirs(study.out, exist_ok=True)
   _record_provenance(study)
   flags_given = [a for a in sys.argv[1:] if not a.startswith("--study.worker")]

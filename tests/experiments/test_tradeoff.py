@@ -148,3 +148,31 @@ def test_bad_variant_is_one_line_and_exit_2(tmp_path):
   assert result.returncode == 2
   assert "best_of_n" in result.stderr and "expected variants" in result.stderr
   assert not (tmp_path / "bad").exists()
+
+
+def test_a_study_refuses_a_dirty_tree_but_not_its_own_outputs(tradeoff, tmp_path, monkeypatch,
+                                                               capsys):
+  def git(*args):
+    subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args],
+                   cwd=tmp_path, check=True, capture_output=True)
+  (tmp_path / "code.py").write_text("a = 1\n")
+  (tmp_path / "results").mkdir()
+  (tmp_path / "results" / "table.md").write_text("old\n")
+  git("init", "-q")
+  git("add", ".")
+  git("commit", "-q", "-m", "start")
+  monkeypatch.setattr(tradeoff, "REPO", str(tmp_path))
+  study = tradeoff.study_config()
+  study.out = str(tmp_path / "results")
+  (tmp_path / "results" / "table.md").write_text("new\n")  # a resumed study's own output
+  (tmp_path / "notes.txt").write_text("untracked\n")
+  tradeoff.refuse_dirty_tree(study)
+  (tmp_path / "code.py").write_text("a = 2\n")
+  with pytest.raises(SystemExit) as exited:
+    tradeoff.refuse_dirty_tree(study)
+  assert exited.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "uncommitted changes to 1 tracked file(s) (code.py)" in err
+  study.quick = True  # the smoke run is let through
+  tradeoff.refuse_dirty_tree(study)
+
