@@ -131,10 +131,23 @@ def test_group_weights_are_truncated_in_log_space():
 # A tiny run whose updates move the parameters (the mean's weights are never all zero).
 MOVING = {"aggregator": "mean", "baseline": "none", "num_steps": 3}
 
-# The same 3-step run on the commit before asynchronous rollouts existed (lockstep only): the
-# sha256 of its final parameters and its per-step losses. max_lag=0 must reproduce them bit for
-# bit on this platform (float32 on XLA's CPU backend; another CPU may round differently).
-LOCKSTEP_PARAMS_SHA256 = "97b39a111b88bfe20c8b2d85b987fa7288843226d5049f4295d49622b89eb23a"
+# The same 3-step run on the commit before asynchronous rollouts existed (a3be7dc, lockstep only):
+# three fixed random projections of its final parameters (float64 sums over every element). Its
+# sha256 there, 97b39a11..., is what max_lag=0 gives here bit for bit on the machine that pinned
+# it; the projections are what the test checks, to 1e-3, because another CPU may round a float32
+# update differently in the last bits, while a changed update moves them far more (max_lag=1 on
+# the same run: by 0.14 to 1.06).
+LOCKSTEP_PARAMS_PROJECTIONS = (1.0028688286873715, 5.58893603460018, 18.39021813664823)
+
+
+def _params_projections(workdir) -> list[float]:
+  rng = np.random.default_rng(0)
+  out = [0.0, 0.0, 0.0]
+  for leaf in jax.tree.leaves(_final_params(str(workdir))):
+    x = np.asarray(leaf, np.float64).ravel()
+    for i in range(3):
+      out[i] += float(x @ rng.standard_normal(x.size))
+  return out
 
 
 def _params_sha256(workdir) -> str:
@@ -154,7 +167,8 @@ def test_lockstep_is_the_trainer_before_asynchronous_rollouts_bit_for_bit(tmp_pa
   lines = _lines(tmp_path / "run")
   assert not any(name.startswith("async/") for line in lines for name in line)
   assert not os.path.exists(tmp_path / "run" / async_rollouts.ROLLOUTS_DIR)
-  assert _params_sha256(tmp_path / "run") == LOCKSTEP_PARAMS_SHA256
+  np.testing.assert_allclose(_params_projections(tmp_path / "run"), LOCKSTEP_PARAMS_PROJECTIONS,
+                             rtol=0, atol=1e-3)
 
 
 ASYNC = {**MOVING, "max_lag": 1, "sampler_devices": 4, "mesh": (-1, 1, 1), "is_cap": np.inf,
