@@ -34,6 +34,8 @@ the same problems for every M (only the suffix, the totals and the answers chang
 adds or subtracts one digit (a table of 20 M entries, not 2 M^2), and sequences grow by at most
 one character per total (two-digit totals). Above 100 a modulus would only relabel negative
 sums, and totals would need three digits. With M = 10 the task is exactly the original one.
+The trade-off study (experiments/tradeoff.py) uses M = 50, chosen from its warmed-up start on
+training problems (benchmarks/calibrate_embedded_modulus.py).
 
 What a tiny model makes of it (measured once, before ksjax's trainer existed, with a stand-in: a
 2-layer width-64 causal transformer in torch with learnt absolute positions, AdamW 3e-3, batches

@@ -176,3 +176,15 @@ def test_a_study_refuses_a_dirty_tree_but_not_its_own_outputs(tradeoff, tmp_path
   study.quick = True  # the smoke run is let through
   tradeoff.refuse_dirty_tree(study)
 
+
+def test_the_modulus_reaches_every_run_with_room_for_its_solutions(tradeoff):
+  study = tradeoff.study_config()
+  default = tradeoff.start_config(study)
+  assert default.synthetic.modulus == study.modulus
+  study.modulus = 10
+  assert tradeoff.start_config(study).max_new_tokens == 48  # the config's own: unchanged
+  study.modulus = 100
+  for config in (tradeoff.start_config(study),
+                 tradeoff.run_config(study, tradeoff.Run("ppo", "mean", 0))):
+    assert config.synthetic.modulus == 100
+    assert config.max_new_tokens == 50  # a level-3 solution: 49 characters and its EOS
