@@ -51,7 +51,7 @@ from flax import nnx
 
 from ksjax import distributed, files, model
 from ksjax.config_validation import ConfigError
-from ksjax.run import checkpoints, policy, spec as spec_lib
+from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory
 from ksjax.run.spec import TrainSpec
@@ -420,9 +420,7 @@ def _kl_metrics(batch: rollout.Rollout, referenced: rollout.Rollout,
     return entropy
   mask_rt = referenced.completion_mask_rt[:len(ref_logp_rt)]
   logp_rt = referenced.behaviour_logp_rt[:len(ref_logp_rt)]
-  log_ratio_rt = np.where(mask_rt, ref_logp_rt - logp_rt, 0.0)
-  k1_r = (-log_ratio_rt).sum(1)
-  k3_r = np.where(mask_rt, np.expm1(log_ratio_rt) - log_ratio_rt, 0.0).sum(1)
+  k1_r, k3_r = scoring.kl_per_completion(logp_rt, ref_logp_rt, mask_rt)
   return {"kl/k1": float(k1_r.mean()), "kl/k3": float(k3_r.mean()), **entropy}
 
 
