@@ -670,7 +670,8 @@ def report(study, argv_command: str) -> None:
          if provenance.get("commit") else "")
       + ". Floating-point results depend on the code, so an exact regeneration needs that commit.",
       "",
-      f"Setup: embedded task levels {tuple(study.levels)}, {study.eval.test_per_level} held-out "
+      f"Setup: embedded task levels {tuple(study.levels)}, modulus {study.modulus}, "
+      f"{study.eval.test_per_level} held-out "
       f"problems per level, tiny Llama; one supervised warm-up of {study.warmup_steps} steps is "
       f"the start of every run; {study.steps} RL steps per run (64 completions a step, "
       f"learning rate {study.learning_rate:g}, k = {study.k}); seeds {tuple(study.seeds)}; "
@@ -698,8 +699,8 @@ def report(study, argv_command: str) -> None:
   big = max(study.eval.ks)
   start_big = data["start"]["metrics"][f"pass@{big}"]
   if start_big > 0.99:
-    lines += ["", f"Note: the start already has pass@{big} = {start_big:.3f}. The task has ten "
-              f"possible answers, so any policy that keeps some randomness finds the right one "
+    lines += ["", f"Note: the start already has pass@{big} = {start_big:.3f}. With answers "
+              f"modulo {study.modulus}, a policy that keeps some randomness finds the right one "
               f"among {big} samples; pass@{big} here can only show a policy that collapsed onto "
               "wrong answers, and the comparisons use smaller test-time k."]
   total = sum(timing.values())
