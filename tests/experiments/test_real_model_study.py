@@ -67,6 +67,10 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   _fake_run(runs, "pass_at_k_s1", 31, _record(31, (0.32, 0.66), 1.2))
   variants = ["mean", "pass_at_k"]
   assert study.finished_seeds(runs, variants, [0, 1, 2]) == [0, 1]
+  table = study.status(runs, variants, [0, 1, 2]).splitlines()
+  assert [line.split(" | ")[0] for line in table[2:]] == [
+      "| start", "| mean_s0", "| pass_at_k_s0", "| mean_s1", "| pass_at_k_s1"]
+  assert "| mean_s0 | 20 | 11.7 | 0.400 | 0.500 |" in table[3]
   out = str(tmp_path / "out")
   study.report(runs, out, variants, [0, 1], quick=False, partial=True)
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
