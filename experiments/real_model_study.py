@@ -321,6 +321,8 @@ def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bo
                   "b_mean": float(np.mean(data["final"]["pg_pass_at_k"]["pass@4"])), **result})
   for claim in found:
     claim["seeds_holding"] = per_seed_holds(data, claim)
+    if len(seeds) < 2:  # no spread over seeds: a standard error of 0 would call any sign a result
+      claim["verdict"] = "one seed: no standard error, not tested"
   rm = real_model()
   load = lambda *parts: json.load(open(os.path.join(*parts), encoding="utf-8"))
   provenance = {

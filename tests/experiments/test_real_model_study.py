@@ -88,6 +88,10 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   # Published files name no path of the machine that ran them.
   config = json.load(open(os.path.join(out, "mean_s1", "config.json"), encoding="utf-8"))
   assert config["workdir"] == os.path.join("<runs_dir>", "mean_s1")
+  # From one seed nothing is called a result.
+  study.report(runs, str(tmp_path / "one"), variants, [0], quick=False, partial=True)
+  one = json.load(open(tmp_path / "one" / "summary.json", encoding="utf-8"))
+  assert {c["verdict"] for c in one["claims"]} == {"one seed: no standard error, not tested"}
   provenance = json.load(open(os.path.join(out, "provenance.json"), encoding="utf-8"))
   assert provenance["evaluations"]["pass_at_k_s1"] == ["b" * 40]
 
