@@ -348,13 +348,16 @@ def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bo
     rm.publishable_config(os.path.join(out, name, os.path.basename(run.config_json)), runs_dir,
                           name)
     last = _last_step(runs_dir, name)
-    files.write_json(os.path.join(out, name, "eval_end.json"), records(runs_dir, name)[last])
+    end = dict(records(runs_dir, name)[last])  # published without this machine's paths
+    if "checkpoint" in end:
+      end["checkpoint"] = os.path.join("<runs_dir>", os.path.relpath(end["checkpoint"], runs_dir))
+    files.write_json(os.path.join(out, name, "eval_end.json"), end)
   commits = sorted({a["commit"][:7] for runs in provenance["runs"].values() for a in runs})
   n = EVAL["num_samples"] if not quick else QUICK_EVAL["num_samples"]
   lines = [
       "# The trade-off on a real model: SmolLM2-135M-Instruct, five objectives", "",
-      "Produced by `python experiments/real_model_study.py`"
-      + (" --quick" if quick else "") + (" --partial" if partial else "")
+      "Produced by `python experiments/real_model_study.py"
+      + (" --quick" if quick else "") + (" --partial" if partial else "") + "`"
       + f", trained at commit(s) {', '.join(commits)}"
       + ("" if quick else ", every run from a clean tree") + ".", "",
       *(["**Partial:** the seeds below are those finished so far; the study continues with the "
