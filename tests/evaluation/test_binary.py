@@ -37,11 +37,7 @@ def _eval_dir(run: pathlib.Path) -> pathlib.Path:
   return only
 
 
-def _copy_run(run: pathlib.Path, dest: pathlib.Path, steps=(1, 2, 3), with_eval=True):
-  """A private copy of the run (tests that write must not race other workers' readers)."""
-  shutil.copytree(run, dest, ignore=shutil.ignore_patterns(
-      *[str(s) for s in {1, 2, 3} - set(steps)], *(() if with_eval else ("eval",))))
-  return dest
+_copy_run = eval_run.copy_run
 
 
 def _tree(path: pathlib.Path) -> dict[str, tuple[int, int]]:

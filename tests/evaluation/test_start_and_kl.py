@@ -30,8 +30,7 @@ def run_dir(tmp_path_factory, worker_id) -> pathlib.Path:
 
 
 def _private_run(run: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
-  shutil.copytree(run, dest, ignore=shutil.ignore_patterns("eval"))
-  return dest
+  return eval_run.copy_run(run, dest, with_eval=False)
 
 
 _configured = eval_run.configured

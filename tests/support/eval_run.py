@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +47,15 @@ def eval_command(checkpoint_dir: str | os.PathLike, *extra: str) -> list[str]:
 def run_eval(checkpoint_dir, *extra: str) -> subprocess.CompletedProcess:
   return subprocess.run(eval_command(checkpoint_dir, *extra), cwd=REPO, capture_output=True,
                         text=True, timeout=300, check=False)
+
+
+def copy_run(run: pathlib.Path, dest: pathlib.Path, steps=(1, 2, 3),
+             with_eval=True) -> pathlib.Path:
+  """A private copy of the tiny run, with only `steps` of its checkpoints and, unless
+  `with_eval`, without its evaluation (tests that write must not race other workers' readers)."""
+  shutil.copytree(run, dest, ignore=shutil.ignore_patterns(
+      *[str(s) for s in {1, 2, 3} - set(steps)], *(() if with_eval else ("eval",))))
+  return dest
 
 
 def configured(checkpoint_dir, **overrides) -> ml_collections.ConfigDict:
