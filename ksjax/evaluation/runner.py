@@ -155,7 +155,7 @@ class Evaluator:
     rows = (np.arange(g)[:, None] * n + np.arange(m)[None, :]).reshape(-1)
     # Every call has batch_prompts x kl_samples rows, rounded up to the batch shards (a short
     # last chunk repeats its first row), so the forward compiles once per prompt width.
-    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    shards = model.sharding.batch_shards(self.mesh)
     size = -(-s.batch_prompts * m // shards) * shards
     padded = np.concatenate([rows, np.full(size - len(rows), rows[0])])
     tokens_rt, mask_rt = (np.asarray(v)[padded] for v in out.sequences())

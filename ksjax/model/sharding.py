@@ -169,6 +169,11 @@ def state_shardings(state: nnx.State, mesh: jax.sharding.Mesh) -> nnx.State:
   return nnx.map_state(lambda path, _: NamedSharding(mesh, partition_spec(path)), state)
 
 
+def batch_shards(mesh: jax.sharding.Mesh) -> int:
+  """The number of shards a batch's rows are split over: the product of the mesh's BATCH axes."""
+  return math.prod(mesh.shape[a] for a in BATCH)
+
+
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
   """Sharding of a [B, ...] batch array: batch over data x fsdp, the rest replicated."""
   return NamedSharding(mesh, P(BATCH, *([None] * (ndim - 1))))
@@ -225,5 +230,5 @@ def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:
 
 __all__ = ["AXES", "BATCH", "PARAM_AXES", "ACTIVATION_AXES", "LOGICAL_TO_MESH", "make_mesh",
            "partition_spec", "activation_spec", "constrain", "axis_size",
-           "check_divisible", "state_shardings", "batch_sharding", "cache_sharding", "shard",
-           "sharded_forward", "per_device_bytes"]
+           "check_divisible", "state_shardings", "batch_shards", "batch_sharding",
+           "cache_sharding", "shard", "sharded_forward", "per_device_bytes"]

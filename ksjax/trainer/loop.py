@@ -138,7 +138,7 @@ def train(spec: TrainSpec) -> None:
 def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> None:
   tokenizer = task.tokenizer
   mesh, sampler_mesh = async_rollouts.meshes(spec)  # the sampler's own sub-mesh, if any
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch_shards = model.sharding.batch_shards(mesh)
   spec.check_mesh(batch_shards)
   memory_plan.check_fits(spec, vocab_size=tokenizer.vocab_size,  # before allocating (not on CPU)
                          **({"devices": list(mesh.devices.flat)} if sampler_mesh else {}))

@@ -173,7 +173,7 @@ class Shapes:
 
 
 def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Shapes:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = sharding.batch_shards(mesh)
   spec.check_mesh(shards)
   # As `ksjax.trainer.learner.learn` lays out a dense mini-batch.
   rows = spec.minibatch_rows
@@ -208,7 +208,7 @@ def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts:
   shapes = sampler_lib.Shapes(prompts, samples, prompt_len)
   prefill, decode = sampler_lib.programs(graphdef, SamplerConfig(max_new_tokens=max_new_tokens),
                                          mesh, shapes)
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = sharding.batch_shards(mesh)
   prompt_sharding = (sharding.batch_sharding(mesh) if prompts % shards == 0
                      else NamedSharding(mesh, P()))
   tokens = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32, sharding=prompt_sharding)

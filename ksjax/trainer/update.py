@@ -179,7 +179,7 @@ class Updater:
   @property
   def batch_shards(self) -> int:
     """Devices the rows of a micro-batch are split over (data x fsdp)."""
-    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    return model.sharding.batch_shards(self.mesh)
 
   def place_rows(self, array_mm: Any) -> jax.Array:
     """One [M, m, ...] host array on the mesh, rows split over data x fsdp."""

@@ -37,6 +37,12 @@ def test_make_mesh_fills_minus_one_and_uses_auto_axes():
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 
+@pytest.mark.parametrize("shape,shards", [((2, 2, 2), 4), ((1, 8, 1), 8), ((8, 1, 1), 8),
+                                          ((1, 1, 8), 1), ((2, 1, 4), 2), ((1, 1, 1), 1)])
+def test_batch_shards_is_data_times_fsdp(shape, shards):
+  assert sharding.batch_shards(model.make_mesh(shape)) == shards
+
+
 @pytest.mark.parametrize("shape", [(3, -1, 1), (4, 4, 1), (1, -1, -1), (0, 8, 1), (1, 2)])
 def test_make_mesh_rejects_shapes_that_do_not_fit_8_devices(shape):
   with pytest.raises(ConfigError, match="mesh"):

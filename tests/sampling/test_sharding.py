@@ -41,7 +41,7 @@ def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
   # data x fsdp, kv heads over tensor), the rows of the outputs over data x fsdp.
   cfg = sampling.SamplerConfig(**{k: v for k, v in SETTINGS.items() if k != "num_samples"})
   n = SETTINGS["num_samples"]
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch_shards = sharding.batch_shards(mesh)
   batch = batching.pad_prompts(batching.validate_prompts(PROMPTS, CFG.vocab_size), n,
                                batch_shards, 0)
   shapes = sampler.Shapes(batch.tokens_pt.shape[0], n, batch.tokens_pt.shape[1])
