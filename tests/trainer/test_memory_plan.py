@@ -16,6 +16,7 @@ from ksjax.run import spec as spec_lib
 from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as defaults
+from ksjax.run import tasks as run_tasks
 from tests import support
 
 VOCAB = 100
@@ -161,6 +162,19 @@ def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
     planning.resolve(spec_of(small_config(mesh=(1, 1, 8))), vocab_size=VOCAB)  # 2 kv heads
   with pytest.raises(ConfigError, match="prompt_len"):
     planning.plan(spec_of(small_config()), prompt_len=0, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("modulus", [10, 100])  # the default, and two-digit " mod 100" prompts
+def test_the_planned_prompt_length_is_the_synthetic_tasks_longest_prompt(modulus):
+  config = small_config()
+  config.synthetic.modulus = modulus
+  spec = spec_of(config)
+  task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
+  prompts = [p for split in ("train", "test") for p in task.prompts(split)]
+  assert {p.text.endswith(f" mod {modulus}\n") for p in prompts} == {True}
+  longest = max(len(p.text) for p in prompts)
+  assert planning.prompt_len_of(spec) == longest + 1  # one token per character, and BOS
+  assert max(len(p.tokens) for p in prompts) == longest + 1
 
 
 def test_the_command_line_tool_on_fake_devices(tmp_path):
