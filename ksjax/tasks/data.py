@@ -49,6 +49,7 @@ from typing import Any
 import grain
 import tensorflow_datasets as tfds
 
+from ksjax.tasks import synthetic
 from ksjax.tasks.records import input_exists
 from ksjax.tasks.base import DataError
 
@@ -208,6 +209,10 @@ class SyntheticConfig(tfds.core.BuilderConfig):
   train_per_level: int = 800
   test_per_level: int = 60
   num_solutions: int = 4
+  modulus: int = synthetic.DEFAULT_MODULUS
+
+  def __post_init__(self):
+    synthetic.check_modulus(self.modulus)  # the task's check and message, before any build
 
   @classmethod
   def make(cls, **options) -> "SyntheticConfig":
@@ -218,21 +223,25 @@ class SyntheticConfig(tfds.core.BuilderConfig):
       raise ValueError(f"synthetic dataset options {sorted(unknown)} are not accepted; expected "
                        f"some of {sorted(fields)}")
     values = {name: options.get(name, getattr(cls, name)) for name in sorted(fields)}
-    return cls(name="_".join(f"{k}{v}" for k, v in values.items()), **values)
+    # The default modulus is left out of the name: datasets built before the option existed
+    # (all modulo 10) keep their directory, and other moduli get their own.
+    named = {k: v for k, v in values.items()
+             if not (k == "modulus" and v == synthetic.DEFAULT_MODULUS)}
+    return cls(name="_".join(f"{k}{v}" for k, v in named.items()), **values)
 
 
 class SyntheticBuilder(_Builder, skip_registration=True):
   """The embedded task's splits, generated (no input files)."""
 
   name = "synthetic"
-  DESCRIPTION = "ksjax's embedded task: signed digit chains modulo 10 (ksjax.tasks.synthetic)."
+  DESCRIPTION = ("ksjax's embedded task: signed digit chains modulo M, 10 by default "
+                 "(ksjax.tasks.synthetic).")
 
   def _split_generators(self, dl_manager):
-    from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     config = self.builder_config
     task = synthetic.SyntheticTask(seed=config.seed, train_per_level=config.train_per_level,
                                    test_per_level=config.test_per_level,
-                                   num_solutions=config.num_solutions)
+                                   num_solutions=config.num_solutions, modulus=config.modulus)
     return {split: self._generate_examples(task, split) for split in synthetic.SPLITS}
 
   def _generate_examples(self, task, split: str):

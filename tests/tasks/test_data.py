@@ -37,16 +37,45 @@ def _take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
 
+def _canonical(records):
+  """Records as sorted JSON texts: TFDS does not keep the generation order."""
+  return sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
 def test_build_stores_the_task_records_as_array_record(data_dir, task):
   for split in ("train", "test"):
     records = data.load_records("synthetic", split, data_dir=data_dir, **SIZES)
-    def canonical(rs):
-      return sorted(json.dumps(r, sort_keys=True) for r in rs)
-
-    assert canonical(records) == canonical(task.records(split))
+    assert _canonical(records) == _canonical(task.records(split))
   variant = data.make_builder("synthetic", data_dir=data_dir, **SIZES).data_path
   assert any(".array_record-" in name for name in os.listdir(variant))
   assert os.listdir(data_dir) == ["synthetic"]  # tfds's download directory did not stay behind
+
+
+def test_a_modulus_50_build_stores_the_modulus_50_task(tmp_path):
+  data.build("synthetic", data_dir=tmp_path, modulus=50, **SIZES)
+  task = synthetic.SyntheticTask(modulus=50, **SIZES)
+  for split in synthetic.SPLITS:
+    records = list(data.load_records("synthetic", split, data_dir=tmp_path, modulus=50, **SIZES))
+    assert _canonical(records) == _canonical(task.records(split))
+    assert all(r["problem"].endswith(" mod 50\n") for r in records)
+  # The default modulus keeps the directory name it had before the option existed.
+  names = {m: data.make_builder("synthetic", data_dir=tmp_path, modulus=m, **SIZES)
+           .builder_config.name for m in (10, 50)}
+  assert names == {10: "num_solutions4_seed0_test_per_level8_train_per_level12",
+                   50: "modulus50_num_solutions4_seed0_test_per_level8_train_per_level12"}
+  assert data.make_builder("synthetic", data_dir=tmp_path, **SIZES).builder_config.name == names[10]
+
+
+@pytest.mark.parametrize("modulus", [1, 101, True, 10.0, "50"])
+def test_a_modulus_the_task_refuses_is_the_tasks_error_before_any_build(tmp_path, modulus):
+  with pytest.raises(ValueError) as refused_by_task:
+    synthetic.SyntheticTask(modulus=modulus)
+  with pytest.raises(ValueError, match=r"modulus=.* is not accepted; expected an integer from 2 "
+                     r"to 100") as refused:
+    data.build("synthetic", data_dir=tmp_path, modulus=modulus, **SIZES)
+  assert str(refused.value) == str(refused_by_task.value)
+  assert repr(modulus) in str(refused.value)
+  assert not os.listdir(tmp_path)
 
 
 def test_build_never_uses_the_network(tmp_path, monkeypatch):
