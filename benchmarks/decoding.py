@@ -33,10 +33,10 @@ def decode_program(llama, prompts, num_samples: int, new_tokens: int):
   rows = np.int32(len(prompts) * num_samples)
 
   def run(seed: int = 0) -> float:
-    state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
-                                          np.uint32(seed)))
+    prompt, state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
+                                                  np.uint32(seed)))
     start = time.perf_counter()
-    jax.block_until_ready(decode(params, state, np.int32(-1)))
+    jax.block_until_ready(decode(params, prompt, state, np.int32(-1)))
     return time.perf_counter() - start
 
   return run, new_tokens - 1

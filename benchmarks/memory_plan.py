@@ -23,6 +23,7 @@ import tempfile
 from absl import app, flags
 
 from ksjax import model
+from ksjax.model import sharding
 from ksjax.run import spec as spec_lib
 from ksjax.trainer import memory_plan as planning
 
@@ -93,7 +94,7 @@ def row(name: str, devices: int, p: dict) -> str:
 def exact_table() -> str:
   """Per-device state and the KV-cache bound on rows sampled at once, for each config."""
   header = ("| config | devices (data x fsdp x tensor) | params + AdamW + reference | KV cache of "
-            "one row, per device (context) | " + " | ".join(
+            "one prompt and its n samples, per device (slots) | " + " | ".join(
                 f"max rows sampled at once, {gb} GB" for gb in MEMORY_GB) + " |")
   lines = [header, "|" + "---|" * (4 + len(MEMORY_GB))]
   for name, (path, preset) in CONFIGS.items():
@@ -104,16 +105,20 @@ def exact_table() -> str:
       cfg, mesh = planning.resolve(spec, devices, vocab_size=model.preset(preset).vocab_size)
       held = planning.state_bytes(spec, cfg, mesh)
       state = held.params + held.optimizer + held.reference
-      context = _PROMPT_LEN.value + config.max_new_tokens - 1
-      shards = mesh.shape["data"] * mesh.shape["fsdp"]
-      # Rows are split over the batch shards: with one row per shard, a device holds one
-      # row's cache (its share of the kv heads under tensor parallelism).
-      per_row = planning.kv_cache_bytes(cfg, mesh, rows=shards, cache_len=context)
-      rows = [max(0, int((planning.USABLE_FRACTION * gb * 1e9 - state) // per_row)) * shards
-              for gb in MEMORY_GB]
+      n = spec.sampling.n
+      shards = sharding.batch_shards(mesh)
+      # Prompts and rows are split over the batch shards: with one prompt per shard, a device
+      # holds one prompt's cache and its n rows' caches of generated tokens (its share of the
+      # kv heads under tensor parallelism).
+      per_prompt = planning.kv_cache_bytes(cfg, mesh, prompts=shards, samples=n,
+                                           prompt_len=_PROMPT_LEN.value,
+                                           max_new_tokens=config.max_new_tokens)
+      rows = [max(0, int((planning.USABLE_FRACTION * gb * 1e9 - state) // per_prompt)) * shards
+              * n for gb in MEMORY_GB]
       mesh_text = "x".join(str(v) for v in mesh.shape.values())
       lines.append(f"| {name} | {devices} ({mesh_text}) | {state / GIB:.2f} GiB | "
-                   f"{per_row / 2**20:.1f} MiB ({context}) | " + " | ".join(
+                   f"{per_prompt / 2**20:.1f} MiB ({_PROMPT_LEN.value} + "
+                   f"{n} x {config.max_new_tokens - 1}) | " + " | ".join(
                        f"{r:,}" if r else "state does not fit" for r in rows) + " |")
   return "\n".join(lines)
 

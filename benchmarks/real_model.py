@@ -1,7 +1,7 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,context,compile,train,config]
+    python benchmarks/real_model.py [--parts=sample,roofline,context,attention,compile,train,config]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
 
@@ -23,6 +23,10 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             the operands in the step's matmul dtype and float32 results.
   context   decode seconds per token with 128 and with 1024 prompt tokens (16 new tokens), for
             64 rows (16 prompts x 4) and 8 rows (2 x 4).
+  attention a decode step's attention over all layers (random activations at the SmolLM2 shape:
+            16 x 4 rows at prompts of 64 and 1024 tokens, and the evaluation's 2 x 64) in the
+            sampler's layout, the prompt's cache shared by its rows (`layers.attend_shared_prompt`),
+            against a copy of the prompt per row (`layers.attend_bkhs` over [prompt | generated]).
   compile   compilations (counted with a jax.monitoring listener on backend compiles) and their
             seconds for the first call of a new shape bucket.
   train     the trainer's update (forward + backward + AdamW, `trainer.update.build_updater` as
@@ -205,6 +209,35 @@ def part_context(llama, cfg, repeats):
           f"{per_token[1024] / per_token[128]:.2f}")
 
 
+def part_attention(cfg, repeats):
+  """A decode step's attention, all layers, in the prompt-sharing layout against one copy of the
+  prompt per row (the sampler's layout before it shared prompts, `layers.attend_bkhs` over each
+  row's [prompt | generated] cache), alternating in this run."""
+  from ksjax.model import layers  # pylint: disable=g-import-not-at-top
+  k, g, h = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+  for p, t, new in ((16, 64, 32), (16, 1024, 16), (2, 64, 80)):
+    n = 64 if p == 2 else 4  # 2 x 64 x 80: the held-out evaluation's call
+    b, s = p * n, new - 1
+    rng = np.random.RandomState(0)
+    arr = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    q, pk, pv, ok, ov = (arr(b, 1, k * g, h), arr(p, k, h, t), arr(p, k, t, h), arr(b, k, h, s),
+                         arr(b, k, s, h))
+    pmask, omask = jnp.ones((p, t), bool), jnp.ones((b, s), bool)
+    rk, rv = jnp.repeat(pk, n, 0), jnp.repeat(pv, n, 0)
+    full_k, full_v = jnp.concatenate([rk, ok], 3), jnp.concatenate([rv, ov], 2)
+    full_mask = jnp.concatenate([jnp.repeat(pmask, n, 0), omask], 1)[:, None]
+    layer_count = cfg.num_layers
+    shared = jax.jit(layers.attend_shared_prompt)
+    per_row = jax.jit(lambda q, fk, fv, m: layers.attend_bkhs(q, fk, fv, m, v_layout="bksh"))
+    best = fastest({
+        "shared": lambda: shared(q, pk, pv, pmask, ok, ov, omask).block_until_ready(),
+        "per_row": lambda: per_row(q, full_k, full_v, full_mask).block_until_ready()}, repeats)
+    print(f"[attention] {p}x{n} rows, prompt {t}, {s} generated slots, x {layer_count} layers: "
+          f"shared prompt {best['shared'] * layer_count * 1e3:.1f} ms, a copy per row "
+          f"{best['per_row'] * layer_count * 1e3:.1f} ms: ratio "
+          f"{best['per_row'] / best['shared']:.2f}")
+
+
 def part_compile(llama, cfg):
   # max_new_tokens 48 (a program no other part compiles), prompt buckets 64 then 128
   for p, n, new, lo in ((16, 4, 48, 40), (16, 4, 48, 90)):
@@ -334,7 +367,8 @@ def part_config(steps: int, matmul_dtype: str):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--parts", default="sample,roofline,context,compile,train,config")
+  parser.add_argument("--parts",
+                      default="sample,roofline,context,attention,compile,train,config")
   parser.add_argument("--configs", default="16x4x64,64x4x256,2x64x80")
   parser.add_argument("--config_steps", type=int, default=6)
   parser.add_argument("--repeats", type=int, default=2)
@@ -371,6 +405,8 @@ def main():
       part_roofline(llama, llama.cfg, configs, args.repeats)
     if "context" in parts:
       part_context(llama, llama.cfg, args.repeats)
+    if "attention" in parts:
+      part_attention(llama.cfg, args.repeats)
     if "compile" in parts:
       part_compile(llama, llama.cfg)
     if "train" in parts:

@@ -128,6 +128,52 @@ def attend_dense(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
   return out_bkmh.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def attend_shared_prompt(q_btnh: jax.Array, pk_pkhs: jax.Array, pv_pksh: jax.Array,
+                         pmask_ps: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array,
+                         mask_bs: jax.Array) -> jax.Array:
+  """One decode query per row over a prompt cache shared by groups of rows, and each row's own
+  cache of generated tokens, in one softmax. Returns [B, 1, N, H].
+
+  Rows come in P groups of n = B / P consecutive rows (row p * n + j is sample j of prompt p) that
+  share one prompt: its keys [P, K, H, T] and values [P, K, T, H], valid where pmask[p, t]. Each
+  row's own keys [B, K, H, S] and values [B, K, S, H] hold the tokens it generated, valid where
+  mask[b, s]. Query b sees both; the value is that of attending one concatenated cache (the
+  softmax over the union of both key sets, its max and sum taken over both parts).
+
+  Why: in k-sample training every prompt has n samples (and evaluation 64), so a cache with a
+  copy of the prompt per row reads the prompt's keys and values n times per step, and at long
+  prompts that traffic dominates a decode step. Here each group's n * G queries meet its prompt
+  in one [n * G, H] x [H, T] matmul per (p, k): the prompt is read once per group, and its cache
+  is n times smaller. n = 1 (P = B) is a per-row prompt cache. The same idea as Hydragen
+  (Juravsky et al., 2024) and vLLM's cascade attention; neither is a JAX library for CPU/TPU.
+  """
+  b, t, n_heads, h = q_btnh.shape
+  if t != 1:
+    raise ValueError(f"attend_shared_prompt takes one query per row, got {t}")
+  p, kh = pk_pkhs.shape[0], pk_pkhs.shape[1]
+  g, n = n_heads // kh, b // p
+  scale = h ** -0.5
+  neg = jnp.finfo(jnp.float32).min
+  q_bkgh = q_btnh.reshape(b, kh, g, h)
+  q_pkmh = q_bkgh.reshape(p, n, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(p, kh, n * g, h)
+  # Scores, float32: the prompt's [P, K, n*G, T], the row's own [B, K, G, S].
+  sp = jnp.einsum("pkmh,pkhs->pkms", q_pkmh, pk_pkhs, preferred_element_type=jnp.float32)
+  sp = jnp.where(pmask_ps[:, None, None, :], sp * scale, neg)
+  so = jnp.einsum("bkgh,bkhs->bkgs", q_bkgh, k_bkhs, preferred_element_type=jnp.float32)
+  so = jnp.where(mask_bs[:, None, None, :], so * scale, neg)
+  to_rows = lambda x_pkm: x_pkm.reshape(p, kh, n, g).transpose(0, 2, 1, 3).reshape(b, kh, g)
+  to_groups = lambda x_bkg: x_bkg.reshape(p, n, kh, g).transpose(0, 2, 1, 3).reshape(p, kh, n * g)
+  top_bkg = jnp.maximum(to_rows(sp.max(-1)), so.max(-1))
+  ep = jnp.exp(sp - to_groups(top_bkg)[..., None])
+  eo = jnp.exp(so - top_bkg[..., None])
+  total_bkg = to_rows(ep.sum(-1)) + eo.sum(-1)
+  op = jnp.einsum("pkms,pksh->pkmh", ep.astype(pv_pksh.dtype), pv_pksh)
+  op_bkgh = op.reshape(p, kh, n, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, g, h)
+  oo_bkgh = jnp.einsum("bkgs,bksh->bkgh", eo.astype(v_bksh.dtype), v_bksh)
+  out_bkgh = (op_bkgh + oo_bkgh) / total_bkg[..., None].astype(op_bkgh.dtype)
+  return out_bkgh.reshape(b, 1, n_heads, h)
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with half-split RoPE and an optional KV cache."""
 
@@ -208,6 +254,23 @@ class DecoderLayer(nnx.Module):
         v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
     attn = attend_bkhs(q, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype), mask_bts,
                        v_layout="bksh")
+    x_btd = x_btd + self.self_attn.out(attn)
+    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+    return x_btd, k_bkhs, v_bksh
+
+  def cached_shared(self, x_btd, cos_bth, sin_bth, prompt_k, prompt_v, prompt_mask_ps, k_bkhs,
+                    v_bksh, mask_bs, cache_index):
+    """`cached` for one token per row with the prompt's keys and values shared by groups of rows
+    (`attend_shared_prompt`): writes the new key and value at slot `cache_index` of the rows'
+    own caches and attends over the prompt and the rows' valid slots."""
+    q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
+    k_bkhs = jax.lax.dynamic_update_slice(
+        k_bkhs, k.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, cache_index))
+    v_bksh = jax.lax.dynamic_update_slice(
+        v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
+    attn = attend_shared_prompt(q, prompt_k.astype(q.dtype), prompt_v.astype(q.dtype),
+                                prompt_mask_ps, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype),
+                                mask_bs)
     x_btd = x_btd + self.self_attn.out(attn)
     x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
     return x_btd, k_bkhs, v_bksh

@@ -166,6 +166,30 @@ class Llama(nnx.Module):
     hidden_btd, cache = self.hidden_cached(tokens_bt, positions_bt, cache, cache_index, kv_mask_bs)
     return self.logits(hidden_btd), cache
 
+  def forward_shared(self, token_b: jax.Array, position_b: jax.Array, prompt: Cache,
+                     prompt_mask_ps: jax.Array, cache: Cache, cache_index: jax.Array,
+                     kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:
+    """One decode step over a shared prompt cache (`layers.attend_shared_prompt`).
+
+    `prompt` holds the keys and values of P prompts (layout `Cache`, S = the prompt length),
+    valid where prompt_mask[p, t]; rows p * n .. p * n + n - 1 continue prompt p (n = B / P).
+    `cache` holds each row's generated tokens; `token_b` (int32 [B], at RoPE position
+    `position_b`) is written to its slot `cache_index`, and row b attends its prompt and its
+    slots where kv_mask[b, s] (the caller switches the written slot on). Returns float32 logits
+    [B, V] and the rows' cache (donate the old one under jit); the prompt cache is only read.
+    """
+    cos, sin = self.cos_sin(position_b[:, None])
+    x_btd = self.embed(token_b[:, None])
+    keys, values = [], []
+    mask_bs = kv_mask_bs.astype(bool)
+    for layer, pk, pv, k_bkhs, v_bksh in zip(self.layers, prompt["k"], prompt["v"], cache["k"],
+                                             cache["v"]):
+      x_btd, k_bkhs, v_bksh = layer.cached_shared(x_btd, cos, sin, pk, pv, prompt_mask_ps,
+                                                  k_bkhs, v_bksh, mask_bs, cache_index)
+      keys.append(k_bkhs)
+      values.append(v_bksh)
+    return self.logits(self.norm(x_btd))[:, 0], {"k": keys, "v": values}
+
   def hidden_cached(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: Cache,
                     cache_index: jax.Array, kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:
     """`forward_cached` before the lm head: final-normed hidden states [B, T, D] and the cache.

@@ -1,38 +1,45 @@
 """Batched generation with a preallocated KV cache: one jitted prefill, one jitted decode loop.
 
-Layout of a run (P prompts, n samples each, R = P * n real rows, B >= R rows after bucketing, T the
-bucketed prompt length, N = max_new_tokens, S = T + N - 1 cache slots):
+Layout of a run (P' prompts after bucketing, n samples each, R = P * n real rows of B = P' * n,
+T the bucketed prompt length, N = max_new_tokens, S = max(N - 1, 1) generated slots):
 
   rows        row p * n + s is sample s of prompt p (prompt-major); rows >= R are padding, finished
               before the first step.
-  slots       [0, T) hold the left-padded prompt. Generated token i - 1 is fed back, and written to
-              slot T + i - 1, by the step that samples token i; the last token is never fed back,
-              hence N - 1 decode slots.
+  caches      two: the prompts' (`PromptCache`, keys [P', K, H, T], one copy per prompt, shared
+              by its n rows and only read while decoding) and the rows' own (`DecodeState.cache`,
+              keys [B, K, H, S]) of the tokens they generate. A decode step attends both in one
+              softmax (`layers.attend_shared_prompt`): a prompt's keys and values are read once
+              per group of n rows, not once per row, which at long prompts is most of a step's
+              memory traffic, and the cache is n times smaller in its prompt part.
+  slots       generated token i - 1 is fed back, and written to the row's slot i - 1, by the step
+              that samples token i; the last token is never fed back, hence N - 1 slots.
   positions   prompt token j of a row has RoPE position cumsum(mask)[j] - 1, so a prompt of length
               L sits at 0..L-1 whatever its padding, and generated token i at L + i.
-  kv_mask     [B, S]: True on a row's real prompt slots and on the generated slots written so far;
-              the step that writes slot T + i - 1 switches it on. Together with the model's causal
-              rule (slot <= write index) it is the whole attention mask.
+  masks       the prompt's mask [P', T] (its real tokens), and kv_mask [B, S] on a row's slots
+              written so far: the step that writes slot i - 1 switches it on.
 
 Shrinking: when at most half of the rows are still running, the loop exits, the running rows are
 gathered into a batch half as large (or smaller; `SamplerConfig.compact_rows` is the floor) and
-the loop resumes on it (`decode_compacting`), so finished rows stop costing decode steps. On one
-process only: elsewhere the whole batch runs until every row is done.
+the loop resumes on it (`decode_compacting`), so finished rows stop costing decode steps. The
+moved rows take a copy of their prompt's cache each (n = 1 from then on: groups no longer line
+up), so a shrink trades the prompt's sharing for fewer rows. On one process only: elsewhere the
+whole batch runs until every row is done.
 
 The prefill runs the model over the [P', T] prompt batch in one call, keeps the logits of the last
 position only (`Llama.hidden_cached`, so [P', T, V] never exists), gives each prompt's cache and
-logits to its n rows, and samples token 0. Giving the cache to the rows: `prefill_once=True`
-prefills each prompt once and repeats its cache n times; False repeats the prompts and prefills
-every row (n times the prefill compute). Both yield the same cache; benchmarks/sampling.py times
-them. The decode program is one `lax.while_loop` that samples tokens 1..N-1 and exits as soon as
-every row is done (EOS, a stop sequence, or N tokens). Its state, cache included, is donated, so
-the cache exists once.
+logits to its n rows, and samples token 0. `prefill_once=True` prefills each prompt once, and its
+cache serves its n rows; False repeats the prompts and prefills every row (n times the prefill
+compute, and a prompt cache per row: n = 1). Both give the same samples; benchmarks/sampling.py
+times them. The decode program is one `lax.while_loop` that samples tokens 1..N-1 and exits as
+soon as every row is done (EOS, a stop sequence, or N tokens). Its state, the rows' cache
+included, is donated, so that cache exists once; the prompt cache is an argument it only reads.
 
 Randomness: row r has key fold_in(key(seed), r) and draws step i with fold_in(that key, i). A row's
 samples depend on (seed, r, its prompt) only, not on the batch padding, the bucket or the mesh.
 
 Sharding: rows over ("data", "fsdp"), kv heads over "tensor" (`sharding.cache_sharding`), fixed by
-the programs' out_shardings and held inside the loop by sharding constraints; parameters keep the
+the programs' out_shardings (the prompt cache's prompts too where the batch shards divide P',
+else replicated over them) and held inside the loop by sharding constraints; parameters keep the
 partition specs of `sharding.state_shardings`. The mesh has Auto axes (see model/sharding.py), so
 the partitioner inserts the collectives.
 
@@ -60,10 +67,17 @@ from ksjax.sampling.distribution import choose
 
 
 @flax.struct.dataclass
+class PromptCache:
+  """The prompts' keys and values, one copy per prompt, shared by its rows (read-only)."""
+  cache: Cache               # {"k": L x [P', K, H, T], "v": L x [P', K, T, H]}
+  mask_pt: jax.Array         # bool [P', T], the prompt's real tokens
+
+
+@flax.struct.dataclass
 class DecodeState:
   """Everything the decode loop carries (donated between prefill and decode)."""
-  cache: Cache               # {"k": L x [B, K, H, S], "v": L x [B, K, S, H]}
-  kv_mask_bs: jax.Array      # bool [B, S], slots holding a real token
+  cache: Cache               # the rows' own: {"k": L x [B, K, H, S], "v": L x [B, K, S, H]}
+  kv_mask_bs: jax.Array      # bool [B, S], generated slots written so far
   position_b: jax.Array      # int32 [B], RoPE position of the next token fed back
   tokens_bn: jax.Array       # int32 [B, N], pad_id where not generated
   logprobs_bn: jax.Array     # float32 [B, N], 0 where not generated
@@ -121,11 +135,13 @@ class Shapes:
 # ---------------------------------------------------------------------------------------------
 
 def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, num_samples: int,
-                   cache_len: int, prefill_once: bool = True):
-  """Runs the prompts [P', T] through the model and gives every prompt's cache to its n rows.
+                   new_slots: int, prefill_once: bool = True):
+  """Runs the prompts [P', T] through the model; their cache serves each prompt's n rows.
 
-  Returns next-token logits float32 [B, V], the cache (`model.Cache`) with S = cache_len, the kv
-  mask bool [B, S] and the position of the next token int32 [B]; B = P' * num_samples.
+  Returns next-token logits float32 [B, V], the `PromptCache` (P' prompts; B of them, one per
+  row, with prefill_once=False), the rows' empty cache (`model.Cache` with S = new_slots) and its
+  mask bool [B, S] (all False), and the position of the next token int32 [B];
+  B = P' * num_samples.
   """
   t = tokens_pt.shape[1]
   repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
@@ -135,25 +151,29 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
   cache = init_cache(llama.cfg, tokens_pt.shape[0], t)
   hidden_ptd, cache = llama.hidden_cached(tokens_pt, positions_pt, cache, jnp.int32(0), mask_pt)
   logits_pv = llama.logits(hidden_ptd[:, -1:])[:, 0]
+  prompt = PromptCache(cache=cache, mask_pt=mask_pt)
   if prefill_once:
-    logits_pv, mask_pt, positions_pt = repeat(logits_pv), repeat(mask_pt), repeat(positions_pt)
-    cache = jax.tree.map(lambda c: jnp.repeat(c, num_samples, axis=0), cache)
-  grow = cache_len - t
-  cache = {"k": [jnp.pad(c, ((0, 0), (0, 0), (0, 0), (0, grow))) for c in cache["k"]],
-           "v": [jnp.pad(c, ((0, 0), (0, 0), (0, grow), (0, 0))) for c in cache["v"]]}
-  kv_mask_bs = jnp.pad(mask_pt, ((0, 0), (0, grow)))
-  return logits_pv, cache, kv_mask_bs, positions_pt[:, -1] + 1
+    logits_pv, positions_pt = repeat(logits_pv), repeat(positions_pt)
+  b = logits_pv.shape[0]
+  return (logits_pv, prompt, init_cache(llama.cfg, b, new_slots), jnp.zeros((b, new_slots), bool),
+          positions_pt[:, -1] + 1)
 
 
-def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, cache: Cache,
-                slot: jax.Array, kv_mask_bs: jax.Array):
-  """Feeds one token per row, written to cache `slot`; returns next-token logits float32 [B, V],
-  the cache and the kv mask with `slot` switched on."""
+def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, prompt: PromptCache,
+                cache: Cache, slot: jax.Array, kv_mask_bs: jax.Array):
+  """Feeds one token per row, written to the row's cache `slot`; returns next-token logits
+  float32 [B, V], the rows' cache and their kv mask with `slot` switched on."""
   b = token_b.shape[0]
   kv_mask_bs = jax.lax.dynamic_update_slice(kv_mask_bs, jnp.ones((b, 1), bool), (0, slot))
-  logits_b1v, cache = llama.forward_cached(token_b[:, None], position_b[:, None], cache, slot,
-                                           kv_mask_bs)
-  return logits_b1v[:, 0], cache, kv_mask_bs
+  logits_bv, cache = llama.forward_shared(token_b, position_b, prompt.cache, prompt.mask_pt,
+                                          cache, slot, kv_mask_bs)
+  return logits_bv, cache, kv_mask_bs
+
+
+def new_slots(cfg: SamplerConfig) -> int:
+  """S, the slots of a row's own cache: one per generated token that is fed back (N - 1), at
+  least one (the decode program is traced even when N = 1 leaves it nothing to do)."""
+  return max(cfg.max_new_tokens - 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +224,15 @@ def state_shardings(mesh: Mesh) -> DecodeState:
                      done_b=rows, keys_b=rows, step=NamedSharding(mesh, P()))
 
 
+def prompt_shardings(mesh: Mesh, prompts: int) -> PromptCache:
+  """NamedShardings of a PromptCache of `prompts` prompts: prompts over the batch axes where they
+  divide evenly (else replicated over them), kv heads over tensor."""
+  if prompts % sharding.batch_shards(mesh) == 0:
+    return PromptCache(cache=sharding.cache_sharding(mesh), mask_pt=sharding.batch_sharding(mesh))
+  spec = NamedSharding(mesh, P(None, "tensor", None, None))
+  return PromptCache(cache={"k": spec, "v": spec}, mask_pt=NamedSharding(mesh, P()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Compiled programs
 # ---------------------------------------------------------------------------------------------
@@ -212,19 +241,18 @@ def state_shardings(mesh: Mesh) -> DecodeState:
 def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Shapes):
   """The jitted (prefill, decode) pair for one model structure, config, mesh and shape bucket.
 
-  prefill(params, tokens_pt, mask_pt, num_rows, seed) -> DecodeState after token 0;
-  decode(params, state, stop_at) -> DecodeState when every row is done, or as soon as at most
-  `stop_at` rows are still running (int32; -1: only when every row is done). State donated.
+  prefill(params, tokens_pt, mask_pt, num_rows, seed) -> (PromptCache, DecodeState after token 0);
+  decode(params, prompt, state, stop_at) -> DecodeState when every row is done, or as soon as at
+  most `stop_at` rows are still running (int32; -1: only when every row is done). State donated.
   """
   n_new = cfg.max_new_tokens
-  t = shapes.prompt_len
-  cache_len = t + n_new - 1
-  out_shardings = state_shardings(mesh)
+  prompts = shapes.prompt_rows if cfg.prefill_once else shapes.rows
+  out_shardings = (prompt_shardings(mesh, prompts), state_shardings(mesh))
 
-  def prefill(params, tokens_pt, mask_pt, num_rows, seed) -> DecodeState:
+  def prefill(params, tokens_pt, mask_pt, num_rows, seed):
     llama = nnx.merge(graphdef, params)
-    logits_bv, cache, kv_mask_bs, position_b = prefill_logits(
-        llama, tokens_pt, mask_pt, num_samples=shapes.num_samples, cache_len=cache_len,
+    logits_bv, prompt, cache, kv_mask_bs, position_b = prefill_logits(
+        llama, tokens_pt, mask_pt, num_samples=shapes.num_samples, new_slots=new_slots(cfg),
         prefill_once=cfg.prefill_once)
     b = shapes.rows
     row_b = jnp.arange(b)
@@ -236,20 +264,19 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
         done_b=row_b >= num_rows,
         keys_b=jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), row_b),
         step=jnp.int32(0))
-    return sample_and_record(ds, logits_bv, cfg)
+    return prompt, sample_and_record(ds, logits_bv, cfg)
 
-  return (jax.jit(prefill, out_shardings=out_shardings),
-          decode_program(graphdef, cfg, mesh, shapes.prompt_len))
+  return (jax.jit(prefill, out_shardings=out_shardings), decode_program(graphdef, cfg, mesh))
 
 
 @functools.lru_cache(maxsize=64)
-def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, prompt_len: int):
-  """The jitted decode loop (see `programs`); it compiles once per batch size it is given."""
-  t = prompt_len
+def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
+  """The jitted decode loop (see `programs`); it compiles once per shape (rows, prompts and
+  prompt length) and prompt-cache sharding it is given."""
   n_new = cfg.max_new_tokens
   out_shardings = state_shardings(mesh)
 
-  def decode(params, ds: DecodeState, stop_at) -> DecodeState:
+  def decode(params, prompt: PromptCache, ds: DecodeState, stop_at) -> DecodeState:
     llama = nnx.merge(graphdef, params)
 
     def cond(ds):
@@ -258,25 +285,31 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, promp
 
     def body(ds):
       token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
-      logits_bv, cache, kv_mask_bs = step_logits(llama, token_b, ds.position_b, ds.cache,
-                                                 t + ds.step - 1, ds.kv_mask_bs)
+      logits_bv, cache, kv_mask_bs = step_logits(llama, token_b, ds.position_b, prompt, ds.cache,
+                                                 ds.step - 1, ds.kv_mask_bs)
       ds = ds.replace(cache=cache, kv_mask_bs=kv_mask_bs, position_b=ds.position_b + 1)
       return jax.lax.with_sharding_constraint(sample_and_record(ds, logits_bv, cfg),
                                               out_shardings)
 
     return jax.lax.while_loop(cond, body, ds)
 
-  return jax.jit(decode, out_shardings=out_shardings, donate_argnums=1)
+  return jax.jit(decode, out_shardings=out_shardings, donate_argnums=2)
 
 
 @functools.lru_cache(maxsize=64)
 def compact_program(mesh: Mesh):
-  """compact(state, keep) -> the state of rows `keep` (int32 [B'], in that order)."""
-  def compact(ds: DecodeState, keep_b) -> DecodeState:
-    take = lambda x: jnp.take(x, keep_b, axis=0)
-    return jax.tree.map(take, ds.replace(step=None)).replace(step=ds.step)  # every row field
+  """compact(prompt, state, keep) -> the prompt cache and state of rows `keep` (int32 [B'], in
+  that order), each row with its own copy of its prompt's cache (n = 1: rows of one prompt no
+  longer sit together). B' must split over the batch shards (`shrunk_rows` sees to it)."""
+  def compact(prompt: PromptCache, ds: DecodeState, keep_b):
+    take = lambda x, index: jnp.take(x, index, axis=0)
+    prompt_b = keep_b // (ds.done_b.shape[0] // prompt.mask_pt.shape[0])
+    prompt = jax.tree.map(lambda x: take(x, prompt_b), prompt)
+    ds = jax.tree.map(lambda x: take(x, keep_b), ds.replace(step=None)).replace(step=ds.step)
+    return prompt, ds  # every row field
 
-  return jax.jit(compact, out_shardings=state_shardings(mesh))
+  rows_split = prompt_shardings(mesh, sharding.batch_shards(mesh))  # B' splits over the shards
+  return jax.jit(compact, out_shardings=(rows_split, state_shardings(mesh)))
 
 
 def shrunk_rows(rows: int, running: int, floor: int, batch_shards: int) -> int:
@@ -287,8 +320,8 @@ def shrunk_rows(rows: int, running: int, floor: int, batch_shards: int) -> int:
   return rows
 
 
-def decode_compacting(decode, compact, params, ds: DecodeState, *, floor: int,
-                      batch_shards: int) -> dict[str, np.ndarray]:
+def decode_compacting(decode, compact, params, prompt: PromptCache, ds: DecodeState, *,
+                      floor: int, batch_shards: int) -> dict[str, np.ndarray]:
   """Runs `decode` to the end, moving the running rows into a smaller batch whenever at most
   half of the batch is running (`shrunk_rows`). Returns the outputs of every original row, on
   the host: {"tokens", "logprobs", "lengths", "finished"} ([B, N], [B, N], [B], [B]).
@@ -297,7 +330,7 @@ def decode_compacting(decode, compact, params, ds: DecodeState, *, floor: int,
   key and the step only (both move with the row), a finished row is never changed again, and the
   decode step treats rows independently, so moving rows changes nothing but the batch size the
   matmuls see (which can change their last bits). Each shrink costs one host read of the done
-  flags and one gather of the running rows' state (cache included); the compiled decode loop is
+  flags and one gather of the running rows' state and prompt caches; the compiled decode loop is
   reused per batch size.
   """
   rows = ds.done_b.shape[0]
@@ -314,7 +347,7 @@ def decode_compacting(decode, compact, params, ds: DecodeState, *, floor: int,
   while True:
     b = origin.size
     half = shrunk_rows(b, b // 2, floor, batch_shards)
-    ds = decode(params, ds, np.int32(half if half < b else -1))
+    ds = decode(params, prompt, ds, np.int32(half if half < b else -1))
     done = np.asarray(ds.done_b)
     if done.all() or int(ds.step) >= out["tokens"].shape[1]:
       record(ds, origin >= 0)
@@ -324,7 +357,7 @@ def decode_compacting(decode, compact, params, ds: DecodeState, *, floor: int,
     record(ds, done & (origin >= 0))
     fillers = np.flatnonzero(done)[:new_rows - running.size]
     keep = np.concatenate([running, fillers]).astype(np.int32)
-    ds = compact(ds, keep)
+    prompt, ds = compact(prompt, ds, keep)
     origin = np.concatenate([origin[running], np.full(fillers.size, -1)])
 
 
@@ -367,7 +400,7 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   graphdef, params = nnx.split(llama)
   params = jax.device_put(params, sharding.state_shardings(params, mesh))  # no copy if placed
 
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  batch_shards = sharding.batch_shards(mesh)
   batch = batching.pad_prompts(prompt_ids, num_samples, batch_shards, cfg.pad_id)
   shapes = Shapes(batch.tokens_pt.shape[0], int(num_samples), batch.tokens_pt.shape[1])
   prefill, decode = programs(graphdef, cfg, mesh, shapes)
@@ -376,15 +409,15 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
                      else NamedSharding(mesh, P()))
   tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
   rows = batch.num_prompts * num_samples
-  ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
+  prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
   floor = max(cfg.compact_rows, batch_shards)
   if cfg.compact_rows and jax.process_count() == 1 and shapes.rows // 2 >= floor:
-    out = decode_compacting(decode, compact_program(mesh), params, ds, floor=floor,
+    out = decode_compacting(decode, compact_program(mesh), params, prompt, ds, floor=floor,
                             batch_shards=batch_shards)
     tokens, lengths, logprobs, finished = (jnp.asarray(out[name][:rows]) for name in
                                            ("tokens", "lengths", "logprobs", "finished"))
   else:  # one loop over the whole batch (multi-process: the done flags are not all on this host)
-    ds = decode(params, ds, np.int32(-1))
+    ds = decode(params, prompt, ds, np.int32(-1))
     tokens, lengths, logprobs, finished = (ds.tokens_bn[:rows], ds.lengths_b[:rows],
                                            ds.logprobs_bn[:rows], ds.finished_b[:rows])
 

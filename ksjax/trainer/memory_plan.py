@@ -12,7 +12,8 @@ and, one phase at a time,
   * update:   the compiled optimizer step over one mini-batch (gradients, activations of the
               micro-batch, the gathered FSDP weights, the optimizer's temporaries);
   * sampling: the prefill and the decode loop of `ksjax.sampling` over B * n rows, whose largest
-              buffer is the KV cache, L x [B*n, K, H, S] for keys and as much for values;
+              buffers are the KV caches: the prompts' L x [B, K, H, T] (one copy per prompt)
+              and the rows' L x [B*n, K, H, N - 1], for keys and as much for values;
   * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows.
 
 Parameters, optimizer state and KV cache are computed exactly from shapes and shardings
@@ -217,16 +218,22 @@ def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts:
   args = (params, tokens, mask, jax.ShapeDtypeStruct((), jnp.int32),
           jax.ShapeDtypeStruct((), jnp.uint32))
   prefill_memory = ProgramMemory.of(prefill.lower(*args).compile())
-  state = placed(jax.eval_shape(prefill, *args), sampler_lib.state_shardings(mesh))
+  prompt, state = jax.eval_shape(prefill, *args)
+  prompt = placed(prompt, sampler_lib.prompt_shardings(mesh, prompts))
+  state = placed(state, sampler_lib.state_shardings(mesh))
   stop_at = jax.ShapeDtypeStruct((), jnp.int32)
-  return prefill_memory, ProgramMemory.of(decode.lower(params, state, stop_at).compile())
+  return prefill_memory, ProgramMemory.of(decode.lower(params, prompt, state, stop_at).compile())
 
 
-def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, rows: int,
-                   cache_len: int) -> int:
-  """Per-device bytes of the sampler's KV cache (`model.init_cache`) for `rows` sequences."""
-  cache = jax.eval_shape(lambda: model.init_cache(cfg, rows, cache_len))
-  return device_bytes(placed(cache, sharding.cache_sharding(mesh)))
+def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts: int,
+                   samples: int, prompt_len: int, max_new_tokens: int) -> int:
+  """Per-device bytes of the sampler's KV caches for `prompts` prompts x `samples`: the prompts'
+  (one copy per prompt, `sampler.PromptCache`) and the rows' own of their generated tokens."""
+  new_slots = sampler_lib.new_slots(SamplerConfig(max_new_tokens=max_new_tokens))
+  prompt = jax.eval_shape(lambda: model.init_cache(cfg, prompts, prompt_len))
+  rows = jax.eval_shape(lambda: model.init_cache(cfg, prompts * samples, new_slots))
+  return (device_bytes(placed(prompt, sampler_lib.prompt_shardings(mesh, prompts).cache))
+          + device_bytes(placed(rows, sharding.cache_sharding(mesh))))
 
 
 def placed(shapes: Any, shardings: Any) -> Any:
@@ -239,11 +246,10 @@ def placed(shapes: Any, shardings: Any) -> Any:
 
 def sampler_caches(cfg: model.LlamaConfig, mesh: Any, shapes: Shapes) -> tuple[int, int]:
   """Per-device KV-cache bytes of the training sampler's and the evaluation sampler's calls."""
-  cache_len = lambda new: shapes.prompt_len + new - 1  # the sampler's S
-  return (kv_cache_bytes(cfg, mesh, shapes.sample_prompts * shapes.samples,
-                         cache_len(shapes.max_new_tokens)),
-          kv_cache_bytes(cfg, mesh, shapes.eval_prompts * shapes.eval_samples,
-                         cache_len(shapes.eval_max_new_tokens)))
+  return (kv_cache_bytes(cfg, mesh, prompts=shapes.sample_prompts, samples=shapes.samples,
+                         prompt_len=shapes.prompt_len, max_new_tokens=shapes.max_new_tokens),
+          kv_cache_bytes(cfg, mesh, prompts=shapes.eval_prompts, samples=shapes.eval_samples,
+                         prompt_len=shapes.prompt_len, max_new_tokens=shapes.eval_max_new_tokens))
 
 
 def _by_depth(fn, cfg: model.LlamaConfig, scanned: bool = False):

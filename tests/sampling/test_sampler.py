@@ -68,14 +68,18 @@ def test_cache_decoding_equals_recomputing_the_full_prefix(llama, prefill_once):
   rows, t = batch.tokens_pt.shape[0] * n, batch.tokens_pt.shape[1]
   continuation = np.random.RandomState(0).randint(0, CFG.vocab_size, (rows, steps)).astype(np.int32)
 
-  prefill = nnx.jit(sampler.prefill_logits, static_argnames=("num_samples", "cache_len",
+  prefill = nnx.jit(sampler.prefill_logits, static_argnames=("num_samples", "new_slots",
                                                              "prefill_once"))
   step = nnx.jit(sampler.step_logits)
-  logits, cache, kv_mask, position = prefill(llama, batch.tokens_pt, batch.mask_pt, num_samples=n,
-                                             cache_len=t + steps, prefill_once=prefill_once)
+  logits, prompt, cache, kv_mask, position = prefill(
+      llama, batch.tokens_pt, batch.mask_pt, num_samples=n, new_slots=steps,
+      prefill_once=prefill_once)
+  # One prompt cache per prompt, shared by its n rows (per row without prefill_once).
+  assert prompt.mask_pt.shape[0] == (rows // n if prefill_once else rows)
   cached = [logits]
   for i in range(steps):
-    logits, cache, kv_mask = step(llama, continuation[:, i], position + i, cache, t + i, kv_mask)
+    logits, cache, kv_mask = step(llama, continuation[:, i], position + i, prompt, cache, i,
+                                  kv_mask)
     cached.append(logits)
 
   full_tokens = np.concatenate([np.repeat(batch.tokens_pt, n, 0), continuation], 1)
@@ -148,8 +152,8 @@ def test_decode_loop_exits_when_every_row_is_done(llama, sampled):
   graphdef, params = nnx.split(llama)
   prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
   rows = len(PROMPTS) * n
-  state = decode(params, prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(rows),
-                                 np.uint32(3)), np.int32(-1))
+  prompt, state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(rows), np.uint32(3))
+  state = decode(params, prompt, state, np.int32(-1))
   assert int(state.step) == 1
   np.testing.assert_array_equal(state.lengths_b[:rows], 1)
   assert np.asarray(state.done_b).all() and np.asarray(state.finished_b[:rows]).all()
@@ -194,9 +198,9 @@ def shrinking_case(llama, mesh=None, compact_rows=2):
 
   def counting(m):
     program = original(m)
-    def compact(ds, keep):
+    def compact(prompt, ds, keep):
       shrunk.append(len(keep))
-      return program(ds, keep)
+      return program(prompt, ds, keep)
     return compact
 
   sampler.compact_program = counting

@@ -48,12 +48,19 @@ def test_greedy_samples_are_identical_on_every_mesh(shape, unsharded):
   graphdef, params = nnx.split(llama)
   prefill, _ = sampler.programs(graphdef, cfg, mesh, shapes)
   misses = sampler.programs.cache_info().misses
-  state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(len(PROMPTS) * n), np.uint32(0))
+  prompt, state = prefill(params, batch.tokens_pt, batch.mask_pt, np.int32(len(PROMPTS) * n),
+                          np.uint32(0))
   assert sampler.programs.cache_info().misses == misses  # the program generate compiled
+  prompts_split = shapes.prompt_rows % batch_shards == 0
   for kind in ("k", "v"):
     for layer in state.cache[kind]:
       assert layer.sharding.spec == sharding.cache_sharding(mesh)[kind].spec
       assert layer.addressable_shards[0].data.shape[0] == shapes.rows // batch_shards
+    # One prompt cache per prompt: split over the batch shards where they divide the prompts.
+    for layer in prompt.cache[kind]:
+      assert layer.shape[0] == shapes.prompt_rows
+      assert layer.addressable_shards[0].data.shape[0] == (
+          shapes.prompt_rows // batch_shards if prompts_split else shapes.prompt_rows)
   assert state.tokens_bn.sharding.spec == P(sharding.BATCH, None)
 
 

@@ -67,10 +67,17 @@ def test_fsdp_divides_the_state_by_its_size():
 def test_kv_cache_is_the_hand_counted_bytes_per_device():
   config = small_config(mesh=(2, 2, 2))
   cfg, mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
-  # keys and values x 2 layers x 8 rows x (16 prompt + 8 new - 1) slots x 2 kv heads x 16,
-  # float32; rows over data x fsdp = 4 devices, kv heads over tensor = 2.
-  expected = 2 * 2 * 8 * (16 + 8 - 1) * 2 * 16 * F32 // (4 * 2)
-  assert planning.kv_cache_bytes(cfg, mesh, rows=8, cache_len=16 + 8 - 1) == expected
+  # keys and values x 2 layers x 2 kv heads x 16, float32, over (prompt slots of 4 prompts +
+  # generated slots of their 4 x 2 rows); prompts and rows over data x fsdp = 4 devices, kv
+  # heads over tensor = 2.
+  per_slot = 2 * 2 * 2 * 16 * F32
+  expected = per_slot * (4 * 16 + 8 * (8 - 1)) // (4 * 2)
+  assert planning.kv_cache_bytes(cfg, mesh, prompts=4, samples=2, prompt_len=16,
+                                 max_new_tokens=8) == expected
+  # 2 prompts do not split over 4 batch shards: their cache is whole on every batch shard.
+  expected = per_slot * (2 * 16 * 4 + 4 * (8 - 1)) // (4 * 2)
+  assert planning.kv_cache_bytes(cfg, mesh, prompts=2, samples=2, prompt_len=16,
+                                 max_new_tokens=8) == expected
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +90,10 @@ def test_plan_reports_the_exact_parts_and_compiled_phases(tiny_plan):
   assert (p.params, p.reference) == (TINY_PARAMS * F32, TINY_PARAMS * F32)
   # The sampler's buckets: 4 prompts x 2 samples = 8 rows, prompt length 10 -> 16 slots.
   assert (p.shapes.sample_prompts, p.shapes.samples, p.shapes.prompt_len) == (4, 2, 16)
-  assert p.kv_cache == 2 * 2 * 8 * (16 + 8 - 1) * 2 * 16 * F32 // 8
+  # KV caches (keys and values x 2 layers x 2 kv heads x 16, float32 per slot): the 4 prompts'
+  # 16 slots, whole on each of the 8 data shards (4 prompts do not split 8 ways), and the 8
+  # rows' 8 - 1 generated slots, one row per device.
+  assert p.kv_cache == 2 * 2 * 2 * 16 * F32 * (4 * 16 + 8 * (8 - 1) // 8)
   # The compiled update receives the TrainState (parameters, optimizer, step, skipped-step
   # count, key) and the batch: 8 rows of 24 tokens, int32 tokens, bool mask, three float32
   # per-token arrays and a float32 advantage per row, split over 8 devices.
