@@ -46,6 +46,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import glob
+import hashlib
 import math
 import os
 import pickle
@@ -57,10 +58,16 @@ from flax import nnx
 
 from ksjax import files, model
 from ksjax.config_validation import ConfigError
+from ksjax.run.checkpoints import ChecksumError
 from ksjax.run.spec import TrainSpec
 from ksjax.trainer import dynamic
 
 ROLLOUTS_DIR = "rollouts"  # beside `checkpoints` in the work directory
+# A rollouts file is this header line with the sha256 of the pickle that follows it, so that a
+# file changed after it was written (a disk error, a copy cut short) is refused by name instead
+# of unpickled into a wrong resume. Checkpoints carry a manifest (run/checkpoints.py); this file
+# lives beside them, written at the same step, so it carries its own digest.
+_HEADER = b"ksjax-rollouts 1 sha256 "
 
 
 def meshes(spec: TrainSpec) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh | None]:
@@ -202,10 +209,12 @@ def save_pending(workdir: str, step: int, pending: list[Pending], keep_from: int
   checkpoints older than `keep_from` (the oldest step the checkpointer keeps)."""
   os.makedirs(os.path.join(workdir, ROLLOUTS_DIR), exist_ok=True)
   data = [(p.step, p.params_step, p.get()) for p in pending]
+  payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
 
   def write(tmp: str) -> None:
     with open(tmp, "wb") as f:
-      pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+      f.write(_HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n")
+      f.write(payload)
 
   files.atomic_write(rollouts_path(workdir, step), write)
   for path in glob.glob(os.path.join(workdir, ROLLOUTS_DIR, "*.pkl")):
@@ -220,7 +229,17 @@ def load_pending(workdir: str, step: int) -> list[Pending] | None:
   if not os.path.exists(path):
     return None
   with open(path, "rb") as f:
-    data = pickle.load(f)  # the run's own file, written by `save_pending`
+    raw = f.read()
+  head, _, payload = raw.partition(b"\n")
+  fix = (f"; expected the file the run wrote at checkpoint {step}. Delete it to resume from "
+         f"step {step} with rollouts sampled afresh (not an exact resume)")
+  if not head.startswith(_HEADER):
+    raise ChecksumError(f"{path}: not a ksjax rollouts file (no '{_HEADER.decode().strip()}' "
+                        f"header){fix}")
+  if hashlib.sha256(payload).hexdigest().encode() != head[len(_HEADER):]:
+    raise ChecksumError(f"{path}: the rollouts differ from their sha256 (changed or cut short "
+                        f"after they were written){fix}")
+  data = pickle.loads(payload)  # the run's own file, written by `save_pending`, digest checked
   return [Pending(s, params_step, result) for s, params_step, result in data]
 
 

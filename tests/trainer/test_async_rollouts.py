@@ -15,6 +15,7 @@ from ksjax import objectives
 from ksjax.bandit import exact
 from ksjax.bandit.variants import Variant
 from ksjax.config_validation import ConfigError
+from ksjax.run import checkpoints
 from ksjax.run import spec as spec_lib
 from ksjax.run.directory import RunDirectory
 from ksjax.trainer import async_rollouts, loop, losses, memory_plan, metrics
@@ -237,3 +238,27 @@ def test_the_memory_plan_counts_the_samplers_parameter_copy():
   apart = dataclasses.replace(plan, sampler_params=10)
   assert apart.phases["update"] == plan.phases["update"]
   assert apart.phases["sampler devices"] == 22 and "sampler's parameter copy" in apart.table()
+
+
+def test_saved_rollouts_load_back_and_a_changed_file_is_refused_by_name(tmp_path):
+  workdir = str(tmp_path)
+  pending = [async_rollouts.Pending(7, 6, ({"tokens": np.arange(5)}, {"sampling": 1.5})),
+             async_rollouts.Pending(8, 6, ({"tokens": np.arange(3)}, {"sampling": 2.0}))]
+  async_rollouts.save_pending(workdir, 6, pending, keep_from=None)
+  loaded = async_rollouts.load_pending(workdir, 6)
+  assert [(p.step, p.params_step, p.lag) for p in loaded] == [(7, 6, 1), (8, 6, 2)]
+  np.testing.assert_array_equal(loaded[1].get()[0]["tokens"], np.arange(3))
+  assert async_rollouts.load_pending(workdir, 5) is None  # a checkpoint without rollouts
+
+  path = async_rollouts.rollouts_path(workdir, 6)
+  raw = open(path, "rb").read()
+  flipped = bytearray(raw)
+  flipped[-3] ^= 1
+  for bad, match in ((bytes(flipped), "differ from their sha256"),
+                     (raw[:-10], "differ from their sha256"),
+                     (raw[raw.index(b"\n") + 1:], "not a ksjax rollouts file")):
+    with open(path, "wb") as f:
+      f.write(bad)
+    with pytest.raises(checkpoints.ChecksumError, match=match) as e:
+      async_rollouts.load_pending(workdir, 6)
+    assert path in str(e.value) and "Delete it to resume from step 6" in str(e.value)
