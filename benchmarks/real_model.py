@@ -17,10 +17,12 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             `model.save_hf`), same prompts and lengths, torch threads = jax's threads; at each
             precision against transformers in float32 and in bfloat16 (the whole model in
             bfloat16, its fastest CPU setting), all four in one alternating round.
-  roofline  one decode step (the while loop only, divided by its steps) against the sum of its
-            matmuls timed alone: jitted jnp.dot at the step's exact shapes per layer class
-            (q, o, k, v, gate, up, down) x layers, plus the [rows, D] x [D, V] lm head, with
-            the operands in the step's matmul dtype and float32 results.
+  roofline  one decode step (the while loop only, divided by its steps) against its matmuls
+            alone: every layer's products (q, k, v, o, gate, up, down, with the layer's own
+            weights) chained in one jitted program, plus the [rows, D] x [D, V] lm head, with
+            the operands in the step's matmul dtype and float32 results. Also the sum of each
+            class timed as its own call x layers (the figure earlier sessions reported: it pays
+            a dispatch per product and reads one layer's weights, so it overstates the matmuls).
   context   decode seconds per token with 128 and with 1024 prompt tokens (16 new tokens), for
             64 rows (16 prompts x 4) and 8 rows (2 x 4).
   attention a decode step's attention over all layers (random activations at the SmolLM2 shape:
@@ -183,6 +185,35 @@ def part_sample(llamas, cfg, hfs, configs, repeats):
             f"compilations, {sum(counted):.1f} s compiling")
 
 
+def step_matmuls_program_seconds(cfg: model.LlamaConfig, rows: int, repeats: int) -> float:
+  """Seconds of one decode step's matmuls as one jitted program: every layer's q, k, v, o, gate,
+  up and down products with that layer's own weights (already in the matmul dtype), chained as
+  the step chains them, and the lm head. Unlike `step_matmul_seconds` (each class timed as its
+  own call, x layers) it pays one dispatch, not one per product, and reads every layer's
+  weights, as the step does."""
+  d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  f, v, layers = cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+  operand = jnp.dtype(cfg.operand_dtype)
+  keys = iter(jax.random.split(jax.random.key(2), 8 * layers + 2))
+  weight = lambda *shape: (jax.random.normal(next(keys), shape, jnp.float32) * 0.02).astype(
+      operand)
+  ws = [dict(q=weight(d, n * h), k=weight(d, k * h), v=weight(d, k * h), o=weight(n * h, d),
+             gate=weight(d, f), up=weight(d, f), down=weight(f, d)) for _ in range(layers)]
+  head = weight(v, d)
+  dot = lambda x, w: jnp.dot(x.astype(operand), w, preferred_element_type=jnp.float32)
+
+  @jax.jit
+  def matmuls(x, ws, head):
+    for w in ws:
+      q, kk, vv = dot(x, w["q"]), dot(x, w["k"]), dot(x, w["v"])
+      x = x + dot(q, w["o"]) + (kk.sum() + vv.sum()) * 1e-9  # k and v feed the cache
+      x = x + dot(dot(x, w["gate"]) * dot(x, w["up"]), w["down"])
+    return jnp.einsum("bd,vd->bv", x.astype(operand), head, preferred_element_type=jnp.float32)
+
+  x = jax.random.normal(jax.random.key(0), (rows, d), jnp.float32)
+  return fastest({"": lambda: matmuls(x, ws, head).block_until_ready()}, repeats)[""]
+
+
 def part_roofline(llama, cfg, configs, repeats):
   for spec in configs:
     p, n, new = (int(x) for x in spec.split("x"))
@@ -192,10 +223,12 @@ def part_roofline(llama, cfg, configs, repeats):
         *decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new), repeats)
     mm = step_matmul_seconds(cfg, rows, repeats)
     total = sum(mm.values())
+    program = step_matmuls_program_seconds(cfg, rows, repeats)
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in mm.items())
     print(f"[roofline] {rows} rows, prompt bucket {batching.bucket_length(40)}, {new} new tokens: "
-          f"decode step {step * 1e3:.1f} ms; its matmuls alone {total * 1e3:.1f} ms ({parts} ms)"
-          f"; step / matmuls = {step / total:.2f}x")
+          f"decode step {step * 1e3:.1f} ms; its matmuls in one program {program * 1e3:.1f} ms: "
+          f"step / matmuls = {step / program:.2f}x; each class as its own call, x layers, "
+          f"{total * 1e3:.1f} ms ({parts} ms): {step / total:.2f}x")
 
 
 def part_context(llama, cfg, repeats):
