@@ -45,9 +45,9 @@ class SamplerConfig:
 
   `eos_id` and `stop_sequences` are normalised to tuples so that the config stays hashable.
   `prefill_once` chooses how the `num_samples` rows of a prompt get their KV cache: True prefills
-  each prompt once and copies its cache to its rows, False prefills every row (the prompt repeated).
-  Both give the same samples; True is the default because it is faster (benchmarks/sampling.py
-  measures both).
+  each prompt once and its rows share that cache, False prefills every row (the prompt repeated)
+  and gives each row its own. Both give the same samples; True is the default because it is
+  faster and smaller (benchmarks/sampling.py measures both prefills).
   `compact_rows`: whenever at most half of the decode batch is still running, the sampler moves
   the running rows into a batch half as large (or smaller), so finished rows stop costing a
   decode step; it never shrinks below `compact_rows` rows (0: never shrinks). A row's samples do

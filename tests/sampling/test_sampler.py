@@ -90,6 +90,16 @@ def test_cache_decoding_equals_recomputing_the_full_prefix(llama, prefill_once):
                                err_msg=f"step {i}")
 
 
+def test_a_prompt_cache_per_row_gives_the_samples_of_one_per_prompt(llama, sampled):
+  """prefill_once=False prefills every row and decodes with a prompt cache per row (n = 1); the
+  shared cache of the default gives the same draws."""
+  cfg = sampling.SamplerConfig(max_new_tokens=N_NEW, temperature=TEMPERATURE, prefill_once=False)
+  out = sampling.sample(llama, PROMPTS, cfg, num_samples=SAMPLED["num_samples"], seed=3)
+  np.testing.assert_array_equal(out.tokens, sampled.tokens)
+  np.testing.assert_array_equal(out.lengths, sampled.lengths)
+  np.testing.assert_allclose(out.logprobs, sampled.logprobs, atol=1e-5, rtol=0)
+
+
 def test_same_seed_same_samples_other_seed_other_samples(llama, sampled):
   again = sampling.generate(llama, PROMPTS, seed=3, **SAMPLED)
   np.testing.assert_array_equal(again.tokens, sampled.tokens)
