@@ -12,6 +12,7 @@ from tests import support
 
 from ksjax import files
 from ksjax.evaluation import results
+from ksjax.run import checkpoints
 from ksjax.run.directory import RunDirectory
 
 SCRIPT = os.path.join(str(support.REPO), "experiments", "real_model_study.py")
@@ -96,6 +97,19 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   assert provenance["evaluations"]["pass_at_k_s1"] == ["b" * 40]
 
 
+def test_pruning_keeps_only_the_last_checkpoint(study, tmp_path):
+  run = RunDirectory(str(tmp_path / "runs" / "mean_s0"))
+  for step in (2, 10, 14):
+    os.makedirs(os.path.join(run.step_dir(step), "state"))
+  os.makedirs(run.start_dir)
+  assert checkpoints.steps(run) == [2, 10, 14]
+  study.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")
+  assert checkpoints.steps(run) == [14]
+  assert os.path.isdir(run.start_dir)  # the start policy stays: it is evaluated as step 0
+  study.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")  # nothing more to prune
+  assert checkpoints.steps(run) == [14]
+
+
 def test_uncommitted_code_is_refused_before_any_run(study, tmp_path, monkeypatch):
   monkeypatch.setattr(study.real_model(), "_dirty", lambda: True)
   monkeypatch.setattr(sys, "argv", ["real_model_study.py", f"--runs_dir={tmp_path / 'runs'}",
@@ -116,6 +130,11 @@ def test_the_quick_study_runs_end_to_end_and_a_second_call_runs_nothing(tmp_path
   steps = {r["step"] for r in results.load_records(str(tmp_path / "runs" / "mean_s0" /
                                                        "eval_study"))}
   assert 0 in steps and len(steps) == 2  # the start and the last checkpoint
+  # A finished, evaluated run keeps its last checkpoint, the one evaluated.
+  for name in ("mean_s0", "pass_at_k_s0"):
+    run = RunDirectory(str(tmp_path / "runs" / name))
+    assert checkpoints.steps(run) == [max(r["step"] for r in results.load_records(
+        str(tmp_path / "runs" / name / "eval_study")))]
   record = json.loads((tmp_path / "out" / "pass_at_k_s0" / "eval_end.json").read_text())
   assert "kl_k3" in record["metrics"] and record["sampling"]["kl_reference"] == "start"
   before = {p: os.path.getmtime(p) for p in (tmp_path / "runs").rglob("*.json")
