@@ -247,30 +247,31 @@ class DecoderLayer(nnx.Module):
     matmuls per (b, k), which run at the machine's memory bandwidth; with values [B, K, H, S] the
     p.v product contracts both operands' minor axes and ran 3x slower on XLA's CPU backend
     (benchmarks/real_model.py --parts=roofline). The training path (`attend`) is unaffected."""
-    q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
-    k_bkhs = jax.lax.dynamic_update_slice(
-        k_bkhs, k.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, cache_index))
-    v_bksh = jax.lax.dynamic_update_slice(
-        v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
-    attn = attend_bkhs(q, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype), mask_bts,
-                       v_layout="bksh")
-    x_btd = x_btd + self.self_attn.out(attn)
-    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
-    return x_btd, k_bkhs, v_bksh
+    return self._cached_step(
+        x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index,
+        lambda q, keys, values: attend_bkhs(q, keys, values, mask_bts, v_layout="bksh"))
 
   def cached_shared(self, x_btd, cos_bth, sin_bth, prompt_k, prompt_v, prompt_mask_ps, k_bkhs,
                     v_bksh, mask_bs, cache_index):
     """`cached` for one token per row with the prompt's keys and values shared by groups of rows
     (`attend_shared_prompt`): writes the new key and value at slot `cache_index` of the rows'
     own caches and attends over the prompt and the rows' valid slots."""
+    return self._cached_step(
+        x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index,
+        lambda q, keys, values: attend_shared_prompt(
+            q, prompt_k.astype(q.dtype), prompt_v.astype(q.dtype), prompt_mask_ps, keys, values,
+            mask_bs))
+
+  def _cached_step(self, x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index, attend_fn):
+    """The block with a KV cache: queries, keys and values of x; the keys and values written at
+    slots [cache_index, +T) in place; attention by `attend_fn(q, keys, values)` (the caches in
+    the compute dtype); then the residual and the MLP. Returns x and both caches."""
     q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
     k_bkhs = jax.lax.dynamic_update_slice(
         k_bkhs, k.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, cache_index))
     v_bksh = jax.lax.dynamic_update_slice(
         v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
-    attn = attend_shared_prompt(q, prompt_k.astype(q.dtype), prompt_v.astype(q.dtype),
-                                prompt_mask_ps, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype),
-                                mask_bs)
+    attn = attend_fn(q, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype))
     x_btd = x_btd + self.self_attn.out(attn)
     x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
     return x_btd, k_bkhs, v_bksh

@@ -405,8 +405,7 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   shapes = Shapes(batch.tokens_pt.shape[0], int(num_samples), batch.tokens_pt.shape[1])
   prefill, decode = programs(graphdef, cfg, mesh, shapes)
 
-  prompt_sharding = (sharding.batch_sharding(mesh) if shapes.prompt_rows % batch_shards == 0
-                     else NamedSharding(mesh, P()))
+  prompt_sharding = prompt_shardings(mesh, shapes.prompt_rows).mask_pt  # the prompts' rows
   tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
   rows = batch.num_prompts * num_samples
   prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))

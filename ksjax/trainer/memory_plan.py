@@ -52,7 +52,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
@@ -210,9 +210,7 @@ def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts:
   shapes = sampler_lib.Shapes(prompts, samples, prompt_len)
   prefill, decode = sampler_lib.programs(graphdef, SamplerConfig(max_new_tokens=max_new_tokens),
                                          mesh, shapes)
-  shards = sharding.batch_shards(mesh)
-  prompt_sharding = (sharding.batch_sharding(mesh) if prompts % shards == 0
-                     else NamedSharding(mesh, P()))
+  prompt_sharding = sampler_lib.prompt_shardings(mesh, prompts).mask_pt  # as `sampler.sample`
   tokens = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32, sharding=prompt_sharding)
   mask = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.bool_, sharding=prompt_sharding)
   args = (params, tokens, mask, jax.ShapeDtypeStruct((), jnp.int32),
