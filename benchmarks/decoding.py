@@ -23,7 +23,8 @@ def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> l
 
 
 def decode_program(llama, prompts, num_samples: int, new_tokens: int):
-  """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds."""
+  """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds, and with
+  `trace_dir` profiles it there; run.hlo() is the decode program's optimised HLO text."""
   cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
   batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
                                num_samples, 1, cfg.pad_id)
@@ -32,13 +33,20 @@ def decode_program(llama, prompts, num_samples: int, new_tokens: int):
   prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
   rows = np.int32(len(prompts) * num_samples)
 
-  def run(seed: int = 0) -> float:
+  def run(seed: int = 0, trace_dir: str | None = None) -> float:
     prompt, state = jax.block_until_ready(prefill(params, batch.tokens_pt, batch.mask_pt, rows,
                                                   np.uint32(seed)))
+    if trace_dir is not None:  # the decode call alone under the JAX profiler
+      jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
     start = time.perf_counter()
     jax.block_until_ready(decode(params, prompt, state, np.int32(-1)))
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if trace_dir is not None:
+      jax.profiler.stop_trace()
+    return seconds
 
+  run.hlo = lambda: decode.lower(params, *prefill(params, batch.tokens_pt, batch.mask_pt, rows,
+                                                  np.uint32(0)), np.int32(-1)).compile().as_text()
   return run, new_tokens - 1
 
 

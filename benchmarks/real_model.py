@@ -1,7 +1,7 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,context,attention,compile,train,config]
+    python benchmarks/real_model.py [--parts=sample,roofline,profile,context,attention,compile,train,config]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
 
@@ -23,6 +23,9 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             the operands in the step's matmul dtype and float32 results. Also the sum of each
             class timed as its own call x layers (the figure earlier sessions reported: it pays
             a dispatch per product and reads one layer's weights, so it overstates the matmuls).
+  profile   one decode call (the first --configs shape, at most 32 new tokens) under the JAX
+            profiler: milliseconds per step of the ops XLA ran, grouped by the jax op and result
+            shape they came from, the largest first.
   context   decode seconds per token with 128 and with 1024 prompt tokens (16 new tokens), for
             64 rows (16 prompts x 4) and 8 rows (2 x 4).
   attention a decode step's attention over all layers (random activations at the SmolLM2 shape:
@@ -271,6 +274,45 @@ def part_attention(cfg, repeats):
           f"{best['per_row'] / best['shared']:.2f}")
 
 
+def part_profile(llama, cfg, configs, top: int = 25):
+  """One decode call at the first --configs shape under the JAX profiler: the time per step of
+  the ops XLA ran, grouped by the HLO op they came from (its jax op name and result shape), the
+  largest first. Ops that run once per call (the weights' casts before the loop) are spread over
+  the steps, as the decode step's timing spreads them."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  p, n, new = (int(x) for x in configs[0].split("x"))
+  new = min(new, 32)
+  run, steps = decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new)
+  source = {}  # HLO instruction name -> (result shape, jax op name)
+  for line in run.hlo().splitlines():
+    m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ", line)
+    if m:
+      op = re.search(r'op_name="([^"]*)"', line)
+      source[m.group(1)] = (m.group(2).split("{")[0],
+                            op.group(1).split("/")[-1] if op else "(none)")
+  run()  # compiled and warm
+  with tempfile.TemporaryDirectory() as tmp:
+    seconds = run(trace_dir=tmp)
+    trace, = glob.glob(f"{tmp}/**/perfetto_trace.json.gz", recursive=True)
+    with gzip.open(trace) as f:
+      events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  total, count = collections.Counter(), collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e["name"] in source:
+      key = (re.sub(r"\.\d+$", "", e["name"]),) + source[e["name"]]
+      total[key] += e["dur"] * 1e-6 / steps
+      count[key] += 1 / steps
+  print(f"[profile] {p * n} rows, {steps} decode steps under the profiler: "
+        f"{seconds / steps * 1e3:.1f} ms per step; ops {sum(total.values()) * 1e3:.1f} ms per "
+        "step (threads overlap); the largest, per step:")
+  for (kind, shape, op), t in total.most_common(top):
+    print(f"  {t * 1e3:7.2f} ms  {count[(kind, shape, op)]:5.1f}x  {op:16s} {shape:24s} {kind}")
+
+
 def part_compile(llama, cfg):
   # max_new_tokens 48 (a program no other part compiles), prompt buckets 64 then 128
   for p, n, new, lo in ((16, 4, 48, 40), (16, 4, 48, 90)):
@@ -440,6 +482,8 @@ def main():
       part_context(llama, llama.cfg, args.repeats)
     if "attention" in parts:
       part_attention(llama.cfg, args.repeats)
+    if "profile" in parts:
+      part_profile(llama, llama.cfg, configs)
     if "compile" in parts:
       part_compile(llama, llama.cfg)
     if "train" in parts:

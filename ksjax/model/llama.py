@@ -82,6 +82,20 @@ class Llama(nnx.Module):
                                         self.cfg.rope_scaling)
     return rope.cos_sin(positions_bt, inv_freq)
 
+  def rope_table(self, length: int) -> tuple[jax.Array, jax.Array]:
+    """The cos and sin of positions 0 .. length - 1, float32 [length, head_dim] each: a decode
+    loop computes them once, before the loop, and each step takes its rows' positions from them
+    (`forward_shared(..., rope_table=)`).
+
+    Why: XLA:CPU fuses the cos and sin of `cos_sin` into each consumer, the q and k rotation of
+    every layer, so a step computing them from its positions evaluates the transcendentals
+    2 x layers times; in SmolLM2's decode step those fusions took about 9% of the step
+    (benchmarks/real_model.py --parts=profile). A gather from a table is cheap to duplicate. The
+    values are those of `cos_sin` (the same float32 operations on the same positions).
+    `jax.lax.optimization_barrier` does not serve: XLA:CPU removes it before fusion."""
+    cos, sin = self.cos_sin(jnp.arange(length, dtype=jnp.int32)[None])
+    return cos[0], sin[0]
+
   # -- pieces ----------------------------------------------------------------------------------
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
@@ -168,7 +182,9 @@ class Llama(nnx.Module):
 
   def forward_shared(self, token_b: jax.Array, position_b: jax.Array, prompt: Cache,
                      prompt_mask_ps: jax.Array, cache: Cache, cache_index: jax.Array,
-                     kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:
+                     kv_mask_bs: jax.Array,
+                     rope_table: tuple[jax.Array, jax.Array] | None = None
+                     ) -> tuple[jax.Array, Cache]:
     """One decode step over a shared prompt cache (`layers.attend_shared_prompt`).
 
     `prompt` holds the keys and values of P prompts (layout `Cache`, S = the prompt length),
@@ -177,8 +193,12 @@ class Llama(nnx.Module):
     `position_b`) is written to its slot `cache_index`, and row b attends its prompt and its
     slots where kv_mask[b, s] (the caller switches the written slot on). Returns float32 logits
     [B, V] and the rows' cache (donate the old one under jit); the prompt cache is only read.
+    `rope_table` (`rope_table(L)`, every position < L) gives the rotations by lookup.
     """
-    cos, sin = self.cos_sin(position_b[:, None])
+    if rope_table is None:
+      cos, sin = self.cos_sin(position_b[:, None])
+    else:
+      cos, sin = (table[position_b][:, None] for table in rope_table)
     x_btd = self.embed(token_b[:, None])
     keys, values = [], []
     mask_bs = kv_mask_bs.astype(bool)

@@ -160,13 +160,14 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
 
 
 def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, prompt: PromptCache,
-                cache: Cache, slot: jax.Array, kv_mask_bs: jax.Array):
+                cache: Cache, slot: jax.Array, kv_mask_bs: jax.Array, rope_table=None):
   """Feeds one token per row, written to the row's cache `slot`; returns next-token logits
-  float32 [B, V], the rows' cache and their kv mask with `slot` switched on."""
+  float32 [B, V], the rows' cache and their kv mask with `slot` switched on. `rope_table`: see
+  `Llama.forward_shared`."""
   b = token_b.shape[0]
   kv_mask_bs = jax.lax.dynamic_update_slice(kv_mask_bs, jnp.ones((b, 1), bool), (0, slot))
   logits_bv, cache = llama.forward_shared(token_b, position_b, prompt.cache, prompt.mask_pt,
-                                          cache, slot, kv_mask_bs)
+                                          cache, slot, kv_mask_bs, rope_table)
   return logits_bv, cache, kv_mask_bs
 
 
@@ -278,6 +279,8 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
 
   def decode(params, prompt: PromptCache, ds: DecodeState, stop_at) -> DecodeState:
     llama = nnx.merge(graphdef, params)
+    # A row's positions run from its prompt's length (at most the padded length T) to T + N - 1.
+    rope_table = llama.rope_table(prompt.mask_pt.shape[1] + n_new)
 
     def cond(ds):
       running = jnp.sum(~ds.done_b)
@@ -286,7 +289,7 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
     def body(ds):
       token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
       logits_bv, cache, kv_mask_bs = step_logits(llama, token_b, ds.position_b, prompt, ds.cache,
-                                                 ds.step - 1, ds.kv_mask_bs)
+                                                 ds.step - 1, ds.kv_mask_bs, rope_table)
       ds = ds.replace(cache=cache, kv_mask_bs=kv_mask_bs, position_b=ds.position_b + 1)
       return jax.lax.with_sharding_constraint(sample_and_record(ds, logits_bv, cfg),
                                               out_shardings)

@@ -92,3 +92,36 @@ def test_forward_cached_prefill_then_decode_equals_full_forward(kv_heads, tied, 
   got = np.concatenate(got, axis=1)
   real = mask.astype(bool)
   np.testing.assert_allclose(got[real], full[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scaling", [model.config.LLAMA31_ROPE_SCALING, None])
+def test_rope_table_rows_are_the_rotations_of_their_positions(scaling):
+  """The decode loop's lookup table (`Llama.rope_table`) holds bit for bit the cos and sin that
+  `cos_sin` computes from the positions, so a step reading it rotates q and k exactly as before."""
+  llama = model.Llama(dataclasses.replace(CFG, rope_scaling=scaling), rngs=nnx.Rngs(0))
+  positions = np.array([[0, 7, 300], [1, 299, 42]], np.int32)
+  cos, sin = jax.jit(llama.cos_sin)(jnp.asarray(positions))
+  table_cos, table_sin = jax.jit(llama.rope_table, static_argnums=0)(301)
+  assert table_cos.shape == (301, CFG.head_dim)
+  np.testing.assert_array_equal(np.asarray(table_cos)[positions], cos)
+  np.testing.assert_array_equal(np.asarray(table_sin)[positions], sin)
+
+
+def test_forward_shared_with_the_rope_table_equals_it_without():
+  cfg = dataclasses.replace(CFG, num_kv_heads=2, num_heads=4)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(3))
+  p, n, t, s = 2, 3, 5, 4
+  rng = np.random.RandomState(0)
+  prompt = model.init_cache(cfg, batch_size=p, max_len=t)
+  prompt = jax.tree.map(lambda c: jnp.asarray(rng.normal(size=c.shape), c.dtype), prompt)
+  cache = jax.tree.map(lambda c: jnp.asarray(rng.normal(size=c.shape), c.dtype),
+                       model.init_cache(cfg, batch_size=p * n, max_len=s))
+  prompt_mask = jnp.asarray(rng.rand(p, t) > 0.3)
+  kv_mask = jnp.asarray(rng.rand(p * n, s) > 0.3)
+  token = jnp.asarray(rng.randint(0, cfg.vocab_size, p * n), jnp.int32)
+  position = jnp.asarray(rng.randint(0, t + s, p * n), jnp.int32)
+  step = nnx.jit(lambda m, table: m.forward_shared(token, position, prompt, prompt_mask, cache,
+                                                   jnp.int32(1), kv_mask, table))
+  direct, _ = step(llama, None)
+  looked_up, _ = step(llama, llama.rope_table(t + s))
+  np.testing.assert_array_equal(looked_up, direct)
