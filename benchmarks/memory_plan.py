@@ -25,6 +25,7 @@ from absl import app, flags
 from ksjax import model
 from ksjax.model import sharding
 from ksjax.run import spec as spec_lib
+from ksjax.sampling import SamplerConfig, sampler
 from ksjax.trainer import memory_plan as planning
 
 _DEVICES = flags.DEFINE_list("devices", ["8", "64", "256"], "Device counts to plan for.")
@@ -118,7 +119,7 @@ def exact_table() -> str:
       mesh_text = "x".join(str(v) for v in mesh.shape.values())
       lines.append(f"| {name} | {devices} ({mesh_text}) | {state / GIB:.2f} GiB | "
                    f"{per_prompt / 2**20:.1f} MiB ({_PROMPT_LEN.value} + "
-                   f"{n} x {config.max_new_tokens - 1}) | " + " | ".join(
+                   f"{n} x {sampler.new_slots(SamplerConfig(max_new_tokens=config.max_new_tokens))}) | " + " | ".join(
                        f"{r:,}" if r else "state does not fit" for r in rows) + " |")
   return "\n".join(lines)
 

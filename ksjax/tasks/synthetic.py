@@ -229,8 +229,9 @@ def reference_solutions(problem: Problem, count: int = 4) -> tuple[str, ...]:
   return tuple(solutions)
 
 
-def max_prompt_chars(modulus: int = DEFAULT_MODULUS) -> int:
-  return 2 * LEVELS[-1] + 1 + len(_prompt_suffix(modulus))
+def max_prompt_chars(modulus: int = DEFAULT_MODULUS, level: int = LEVELS[-1]) -> int:
+  """Length of the longest prompt at `level`; every prompt up to that level is at most this long."""
+  return 2 * level + 1 + len(_prompt_suffix(modulus))
 
 
 def max_solution_chars(modulus: int = DEFAULT_MODULUS, level: int = LEVELS[-1]) -> int:

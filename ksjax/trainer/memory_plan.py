@@ -141,8 +141,10 @@ def prompt_len_of(spec: TrainSpec) -> int:
   """The longest prompt a plan assumes: the synthetic task's exactly, else DEFAULT_PROMPT_LEN."""
   if spec.task.is_synthetic:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
-    # One token per character, and BOS; the " mod M" suffix is one character longer at M = 100.
-    return synthetic.max_prompt_chars(spec.task.synthetic_modulus) + 1
+    # One token per character, and BOS; the " mod M" suffix is one character longer at M = 100,
+    # and a level's problem has one more term than the level before.
+    return synthetic.max_prompt_chars(spec.task.synthetic_modulus,
+                                      max(spec.task.synthetic_levels)) + 1
   return DEFAULT_PROMPT_LEN
 
 

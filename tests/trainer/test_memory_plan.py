@@ -174,10 +174,13 @@ def test_a_mesh_that_cannot_divide_the_batch_or_model_is_a_config_error():
     planning.plan(spec_of(small_config()), prompt_len=0, vocab_size=VOCAB)
 
 
-@pytest.mark.parametrize("modulus", [10, 100])  # the default, and two-digit " mod 100" prompts
-def test_the_planned_prompt_length_is_the_synthetic_tasks_longest_prompt(modulus):
+@pytest.mark.parametrize("modulus,levels", [
+    (10, (1, 2, 3, 4, 5)), (100, (1, 2, 3, 4, 5)),  # the default, and " mod 100" prompts
+    (10, (1, 2, 3)), (50, (2, 4))])                 # without level 5, the prompts are shorter
+def test_the_planned_prompt_length_is_the_synthetic_tasks_longest_prompt(modulus, levels):
   config = small_config()
   config.synthetic.modulus = modulus
+  config.synthetic.levels = levels
   spec = spec_of(config)
   task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
   prompts = [p for split in ("train", "test") for p in task.prompts(split)]
