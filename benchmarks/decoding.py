@@ -30,6 +30,7 @@ def decode_program(llama, prompts, num_samples: int, new_tokens: int):
                                num_samples, 1, cfg.pad_id)
   shapes = sampler.Shapes(batch.tokens_pt.shape[0], num_samples, batch.tokens_pt.shape[1])
   graphdef, params = nnx.split(llama)
+  params = sampler.operand_params(params, llama.cfg)  # as `sampler.sample`: once per call
   prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
   rows = np.int32(len(prompts) * num_samples)
 

@@ -17,7 +17,9 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             `model.save_hf`), same prompts and lengths, torch threads = jax's threads; at each
             precision against transformers in float32 and in bfloat16 (the whole model in
             bfloat16, its fastest CPU setting), all four in one alternating round.
-  roofline  one decode step (the while loop only, divided by its steps) against its matmuls
+  roofline  one decode step (the while loop only, divided by its steps; the weights come cast
+            to the operand dtype, as `sampler.sample` casts them once per call, and the cast's
+            own time is printed) against its matmuls
             alone: every layer's products (q, k, v, o, gate, up, down, with the layer's own
             weights) chained in one jitted program, plus the [rows, D] x [D, V] lm head, with
             the operands in the step's matmul dtype and float32 results. Also the sum of each
@@ -67,7 +69,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ksjax import model, sampling  # pylint: disable=wrong-import-position
-from ksjax.sampling import batching  # pylint: disable=wrong-import-position
+from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
 from decoding import decode_program, random_prompts, seconds_per_step  # pylint: disable=wrong-import-position
 
 # ---------------------------------------------------------------------------------------------
@@ -227,11 +229,15 @@ def part_roofline(llama, cfg, configs, repeats):
     mm = step_matmul_seconds(cfg, rows, repeats)
     total = sum(mm.values())
     program = step_matmuls_program_seconds(cfg, rows, repeats)
+    state = nnx.state(llama)
+    cast = fastest({"": lambda: jax.block_until_ready(sampler.operand_params(state, cfg))},
+                   repeats)[""]
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in mm.items())
     print(f"[roofline] {rows} rows, prompt bucket {batching.bucket_length(40)}, {new} new tokens: "
           f"decode step {step * 1e3:.1f} ms; its matmuls in one program {program * 1e3:.1f} ms: "
           f"step / matmuls = {step / program:.2f}x; each class as its own call, x layers, "
-          f"{total * 1e3:.1f} ms ({parts} ms): {step / total:.2f}x")
+          f"{total * 1e3:.1f} ms ({parts} ms): {step / total:.2f}x; the weights' cast to the "
+          f"operand dtype, once per sample call: {cast * 1e3:.1f} ms")
 
 
 def part_context(llama, cfg, repeats):

@@ -53,6 +53,28 @@ def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int,
                     preferred_element_type=jnp.float32)
 
 
+# The weight matrices every product casts to `LlamaConfig.operand_dtype` first (`layers.project`,
+# `head_logits` for an untied head). A tied embedding is not one of them: its lookup reads rows
+# in the parameter dtype.
+MATMUL_WEIGHTS = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})
+
+
+def cast_matmul_weights(state: nnx.State, cfg: LlamaConfig) -> nnx.State:
+  """A parameter state with its `MATMUL_WEIGHTS` in `cfg.operand_dtype`; every other leaf as is.
+
+  A model merged with it computes exactly what it computes with `state`: each product casts its
+  weight to that dtype anyway, and a cast to a value's own dtype is the value. Why: a program
+  given float32 weights casts them on every call (XLA hoists the casts out of a decode loop, not
+  out of the program), so a sampler that runs several programs per call (prefill, then a decode
+  loop per batch size) can cast once and give them all the result (`sampler.sample`).
+  """
+  dtype = jnp.dtype(cfg.operand_dtype)
+  return nnx.map_state(
+      lambda path, leaf: (leaf.replace(leaf[...].astype(dtype))
+                          if path[-1] in MATMUL_WEIGHTS and leaf.dtype != dtype else leaf), state)
+
+
 def with_config(llama: "Llama", **changes) -> "Llama":
   """`llama` under a LlamaConfig with `changes`: the same parameter arrays (not copied, their
   shardings kept) in a module structure built from the new config. For fields that change how

@@ -60,7 +60,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from ksjax.model import Cache, Llama, default_positions, init_cache, sharding
+from ksjax.model import Cache, Llama, LlamaConfig, default_positions, init_cache, sharding
+from ksjax.model.llama import MATMUL_WEIGHTS, cast_matmul_weights
 from ksjax.sampling import batching
 from ksjax.sampling.config import SamplerConfig
 from ksjax.sampling.distribution import choose
@@ -382,6 +383,26 @@ def model_mesh(llama: Llama) -> Mesh:
               axis_types=(AxisType.Auto,) * 3)
 
 
+@functools.lru_cache(maxsize=8)
+def _cast_program(cfg: LlamaConfig):
+  # Elementwise casts: jit keeps each leaf's sharding.
+  return jax.jit(functools.partial(cast_matmul_weights, cfg=cfg))
+
+
+def operand_params(params: nnx.State, cfg: LlamaConfig) -> nnx.State:
+  """The parameters the sampler's programs take: the weight matrices already in the dtype their
+  products use (`model.llama.cast_matmul_weights`), cast once per `sample` call instead of once
+  by the prefill and once by every decode call (benchmarks/real_model.py --parts=profile showed
+  the decode call's casts at 12% of a SmolLM2 step at 31 steps). The same samples and log-probs
+  bit for bit. Returns `params` itself when no weight needs a cast."""
+  dtype = jnp.dtype(cfg.operand_dtype)
+  needs_cast = nnx.map_state(lambda path, leaf: path[-1] in MATMUL_WEIGHTS and leaf.dtype != dtype,
+                             params)
+  if not any(jax.tree.leaves(needs_cast)):
+    return params
+  return _cast_program(cfg)(params)
+
+
 def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
            num_samples: int = 1, seed: int = 0, mesh: Mesh | None = None) -> SampleOutput:
   """`generate` with the settings as a SamplerConfig (see `generate`)."""
@@ -402,6 +423,7 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   sharding.check_divisible(model_cfg, mesh)
   graphdef, params = nnx.split(llama)
   params = jax.device_put(params, sharding.state_shardings(params, mesh))  # no copy if placed
+  params = operand_params(params, model_cfg)
 
   batch_shards = sharding.batch_shards(mesh)
   batch = batching.pad_prompts(prompt_ids, num_samples, batch_shards, cfg.pad_id)

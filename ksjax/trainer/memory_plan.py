@@ -207,7 +207,12 @@ def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.M
 def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts: int,
                     samples: int, prompt_len: int,
                     max_new_tokens: int) -> tuple[ProgramMemory, ProgramMemory]:
-  """Memory of the sampler's prefill and decode programs for one call, compiled abstractly."""
+  """Memory of the sampler's prefill and decode programs for one call, compiled abstractly.
+
+  They are compiled on the parameters as held, not on `sampler.operand_params`'s cast copy that
+  `sampler.sample` gives them: a program given the held weights casts them itself (its
+  temporaries hold the cast copy, hoisted out of the decode loop), so its peak counts the held
+  parameters and the copy, as the sampler's call holds both."""
   graphdef, params = abstract_params(cfg, mesh)
   shapes = sampler_lib.Shapes(prompts, samples, prompt_len)
   prefill, decode = sampler_lib.programs(graphdef, SamplerConfig(max_new_tokens=max_new_tokens),

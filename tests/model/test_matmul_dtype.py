@@ -108,3 +108,23 @@ def test_a_bad_matmul_dtype_is_one_config_error():
   assert "\n" not in str(e.value) and "bfloat16" in str(e.value)
   with pytest.raises(ConfigError, match="matmul_dtype"):
     dataclasses.replace(CFG, matmul_dtype="int8")
+
+
+def test_the_sampler_casts_the_weights_once_and_samples_exactly_as_before(llama, monkeypatch):
+  """`sampler.operand_params` gives every program bfloat16 weight matrices, cast once per call;
+  the samples and log-probs are those of programs that cast float32 weights themselves."""
+  from ksjax.sampling import sampler  # pylint: disable=g-import-not-at-top
+  mixed = model.with_config(llama, matmul_dtype="bfloat16")
+  cast = sampler.operand_params(nnx.state(mixed), mixed.cfg)
+  assert cast["layers"][0]["mlp"]["down_proj"][...].dtype == jnp.bfloat16
+  assert cast["layers"][0]["self_attn"]["q_proj"][...].dtype == jnp.bfloat16
+  assert cast["embed_tokens"][...].dtype == jnp.float32  # the tied embedding's lookup
+  assert cast["layers"][0]["input_layernorm"]["scale"][...].dtype == jnp.float32
+  state = nnx.state(llama)
+  assert sampler.operand_params(state, llama.cfg) is state  # float32 products: nothing to cast
+  kwargs = dict(num_samples=2, max_new_tokens=8, temperature=0.7, seed=3)
+  once = sampling.generate(mixed, PROMPTS, **kwargs)
+  monkeypatch.setattr(sampler, "operand_params", lambda params, cfg: params)
+  per_program = sampling.generate(mixed, PROMPTS, **kwargs)
+  np.testing.assert_array_equal(once.tokens, per_program.tokens)
+  np.testing.assert_array_equal(once.logprobs, per_program.logprobs)

@@ -76,3 +76,24 @@ def test_shrinking_on_a_mesh_gives_the_unsharded_samples():
   np.testing.assert_array_equal(out.tokens, whole.tokens)
   np.testing.assert_array_equal(out.lengths, whole.lengths)
   np.testing.assert_allclose(out.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+
+
+def test_weights_cast_once_keep_their_shardings_and_the_samples():
+  """With bfloat16 operands the sampler casts the weight matrices once per call
+  (`sampler.operand_params`): on a (2, 2, 2) mesh the cast copies keep each parameter's
+  sharding, and greedy samples equal the unsharded bfloat16 model's."""
+  mixed = lambda llama: model.with_config(llama, matmul_dtype="bfloat16")
+  reference = sampling.generate(mixed(scaled_llama()), PROMPTS, **SETTINGS)
+  mesh = model.make_mesh((2, 2, 2))
+  llama = mixed(model.shard(scaled_llama(), mesh))
+  state = nnx.state(llama)
+  cast = sampler.operand_params(state, llama.cfg)
+  for name in ("q_proj", "down_proj"):
+    kind = "self_attn" if name == "q_proj" else "mlp"
+    held, copy = state["layers"][0][kind][name][...], cast["layers"][0][kind][name][...]
+    assert copy.dtype == jax.numpy.bfloat16
+    assert copy.sharding.is_equivalent_to(held.sharding, copy.ndim)
+    assert len(held.sharding.device_set) == 8 and held.sharding.spec != P()
+  out = sampling.generate(llama, PROMPTS, **SETTINGS)
+  np.testing.assert_array_equal(out.tokens, reference.tokens)
+  np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-5)
