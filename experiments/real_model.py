@@ -31,6 +31,7 @@ sys.path.insert(0, REPO)
 import numpy as np  # pylint: disable=wrong-import-position
 
 from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax import machine  # pylint: disable=wrong-import-position
 from ksjax.objectives import estimates  # pylint: disable=wrong-import-position
 from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
 from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
@@ -113,7 +114,8 @@ def run_config(name: str, runs_dir: str, *, config: str | None = None,
   peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
   attempts.append({"wall_seconds": round(time.time() - start, 1), "peak_rss_bytes": peak,
                    "resumed": "--config.resume=True" in command,
-                   "exit_status": os.waitstatus_to_exitcode(status), "commit": _commit()})
+                   "exit_status": os.waitstatus_to_exitcode(status), "commit": _commit(),
+                   "machine": machine.describe()})
   os.makedirs(run.workdir, exist_ok=True)
   files.write_json(path, attempts)
   if attempts[-1]["exit_status"] != 0:

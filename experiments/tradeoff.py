@@ -52,6 +52,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from ksjax import files
+from ksjax import machine
 from ksjax.run.directory import RunDirectory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -256,14 +257,25 @@ def _git(*args: str) -> str | None:
 
 
 def _record_provenance(study) -> None:
-  """Writes, once per study directory, the ksjax commit the study started at: floating-point
-  results (and so every number) can change with the code, so they are tied to a commit."""
+  """Records the ksjax commit the study's numbers come from: floating-point results (and so every
+  number) can change with the code, so they are tied to a commit. A study directory without runs
+  (a fresh study, or one whose runs were deleted to regenerate the published report) gets the
+  current commit, replacing the file an earlier study left there; a resumed study keeps its start
+  commit and adds the current one to `resumed_at` when it differs, so a study spanning commits says
+  so; the same for the machine (`resumed_on`), whose instruction set changes XLA:CPU's numbers."""
   path = os.path.join(study.out, "provenance.json")
-  if os.path.exists(path):
-    return
   status = _git("status", "--porcelain", "--untracked-files=no")
-  _write_json(path, {"commit": _git("rev-parse", "HEAD"),
-                     "uncommitted_changes": None if status is None else bool(status)})
+  head = _git("rev-parse", "HEAD")
+  old = _read_json(path, {}) if os.path.isdir(os.path.join(study.out, "runs")) else {}
+  if not old.get("commit"):
+    _write_json(path, {"commit": head, "machine": machine.describe(),
+                       "uncommitted_changes": None if status is None else bool(status)})
+    return
+  if head != old["commit"] and head not in old.get("resumed_at", []):
+    old = {**old, "resumed_at": [*old.get("resumed_at", []), head]}
+  if machine.describe() not in (old.get("machine"), *old.get("resumed_on", [])):
+    old = {**old, "resumed_on": [*old.get("resumed_on", []), machine.describe()]}
+  _write_json(path, old)
 
 
 def refuse_dirty_tree(study) -> None:
@@ -667,6 +679,8 @@ def report(study, argv_command: str) -> None:
       "command, after deleting the directory for a fresh study)"
       + (f" at ksjax commit `{provenance['commit'][:7]}`"
          + (" with uncommitted changes" if provenance.get("uncommitted_changes") else "")
+         + ("" if not provenance.get("resumed_at") else ", resumed at "
+            + ", ".join(f"`{c[:7]}`" for c in provenance["resumed_at"]))
          if provenance.get("commit") else "")
       + ". Floating-point results depend on the code, so an exact regeneration needs that commit.",
       "",

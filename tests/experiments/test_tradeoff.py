@@ -188,3 +188,29 @@ def test_the_modulus_reaches_every_run_with_room_for_its_solutions(tradeoff):
                  tradeoff.run_config(study, tradeoff.Run("ppo", "mean", 0))):
     assert config.synthetic.modulus == 100
     assert config.max_new_tokens == 50  # a level-3 solution: 49 characters and its EOS
+
+
+def test_provenance_is_the_commit_that_made_the_runs(tradeoff, tmp_path, monkeypatch):
+  """A study directory holding an earlier study's report but no runs (the published results, to be
+  regenerated) takes the current commit; a resumed study keeps its start commit and lists the
+  commits it was resumed at."""
+  head = {"rev-parse": "a" * 40, "status": ""}
+  monkeypatch.setattr(tradeoff, "_git", lambda *args: head[args[0]])
+  monkeypatch.setattr(tradeoff.machine, "describe", lambda: "cpu A")
+  study = tradeoff.study_config()
+  study.out = str(tmp_path)
+  (tmp_path / "provenance.json").write_text(json.dumps({"commit": "0" * 40,
+                                                        "uncommitted_changes": False}))
+  tradeoff._record_provenance(study)  # pylint: disable=protected-access
+  read = lambda: json.loads((tmp_path / "provenance.json").read_text())
+  assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A"}
+  (tmp_path / "runs").mkdir()
+  tradeoff._record_provenance(study)  # pylint: disable=protected-access
+  assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A"}
+  head["rev-parse"] = "b" * 40
+  tradeoff._record_provenance(study)  # pylint: disable=protected-access
+  tradeoff._record_provenance(study)  # pylint: disable=protected-access
+  monkeypatch.setattr(tradeoff.machine, "describe", lambda: "cpu B")
+  tradeoff._record_provenance(study)  # pylint: disable=protected-access
+  assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A",
+                    "resumed_at": ["b" * 40], "resumed_on": ["cpu B"]}

@@ -1,0 +1,34 @@
+"""One line naming the machine a result came from, for studies' and benchmarks' provenance.
+
+CPU results depend on the machine as much as on the commit: XLA:CPU picks its kernels by the
+instruction set, so a bfloat16 matmul runs on matrix units where the CPU has AMX and is emulated
+(slower than float32) where it has only AVX2, and summation orders differ with the vector width.
+`describe()` reads the model name and those instruction-set flags from /proc/cpuinfo. Written by
+hand: the standard library's `platform.processor()` is empty or just the architecture on Linux, and
+py-cpuinfo (a new dependency) would spend about a second in a subprocess for the same line.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+# The flags that decide which matmul kernels XLA:CPU can use, widest first.
+MATMUL_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def describe(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """E.g. 'AMD EPYC, 2 CPUs, avx2' or 'Intel(R) Xeon(R) Platinum 8481C, 2 CPUs, amx_bf16 ...'."""
+  model, flags = platform.processor() or platform.machine(), set()
+  try:
+    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+          model = value.strip()
+        elif key.strip() == "flags":
+          flags = set(value.split())
+  except OSError:
+    pass
+  found = [f for f in MATMUL_FLAGS if f in flags]
+  return ", ".join([model, f"{os.cpu_count()} CPUs", *([" ".join(found)] if found else [])])
