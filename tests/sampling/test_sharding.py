@@ -96,4 +96,7 @@ def test_weights_cast_once_keep_their_shardings_and_the_samples():
     assert len(held.sharding.device_set) == 8 and held.sharding.spec != P()
   out = sampling.generate(llama, PROMPTS, **SETTINGS)
   np.testing.assert_array_equal(out.tokens, reference.tokens)
-  np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-5)
+  # Looser than float32's 1e-5: a sharded contraction adds its float32 partial sums in another
+  # order, and where that moves an activation across a bfloat16 rounding boundary the operand
+  # changes by up to 2^-8 of itself (2e-5 seen on an AVX2 machine, under 1e-5 on an AMX one).
+  np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)
