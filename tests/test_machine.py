@@ -10,3 +10,15 @@ def test_describe_reads_model_and_matmul_flags(tmp_path):
   line = machine.describe(str(info))
   assert line.startswith("Some CPU 9000, ") and line.endswith(", amx_bf16 avx512f avx2")
   assert machine.describe(str(tmp_path / "missing")).endswith("CPUs")  # no cpuinfo: still a line
+
+
+def test_bfloat16_operand_note_only_where_the_cpu_lacks_bfloat16_dots(tmp_path):
+  avx2, amx = tmp_path / "avx2", tmp_path / "amx"
+  avx2.write_text("model name\t: A\nflags\t\t: fpu avx2 fma avx512f\n")
+  amx.write_text("model name\t: B\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+  note = machine.bfloat16_operand_note("bfloat16", "cpu", str(avx2))
+  assert note and "matmul_dtype=float32" in note
+  assert machine.bfloat16_operand_note("bfloat16", "cpu", str(amx)) is None
+  assert machine.bfloat16_operand_note("float32", "cpu", str(avx2)) is None
+  assert machine.bfloat16_operand_note("bfloat16", "gpu", str(avx2)) is None
+  assert machine.bfloat16_operand_note("bfloat16", "cpu", str(tmp_path / "none")) is None

@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ksjax import distributed, model
+from ksjax import distributed, machine, model
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
@@ -281,6 +281,9 @@ def run(config: Any) -> None:
          f"{', '.join(map(str, s.ks))}), "
          f"{evaluator.cfg.num_params:,} parameters on mesh {dict(evaluator.mesh.shape)}; results "
          f"in {evaluator.output_dir}")
+    note = machine.bfloat16_operand_note(evaluator.cfg.operand_dtype, jax.devices()[0].platform)
+    if note:
+      _say(note)
     if start is not None:
       evaluator.evaluate_policy(0, start, run_dir.start_dir)
       del start

@@ -49,7 +49,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import distributed, files, model
+from ksjax import distributed, files, machine, model
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
@@ -149,6 +149,9 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "
        f"{llama.cfg.hidden_size}; mesh {dict(mesh.shape)} on {jax.device_count()} "
        f"{jax.devices()[0].platform} device(s)")
+  note = machine.bfloat16_operand_note(llama.cfg.operand_dtype, jax.devices()[0].platform)
+  if note:
+    _say(note)
 
   schedule = spec.optimizer.schedule()
   graphdef, _ = nnx.split(llama)
