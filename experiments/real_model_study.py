@@ -333,16 +333,6 @@ def collect(out: str, variants, seeds) -> dict:
   return {"start": start, "final": final, "curves": curves, "steps": steps, "cpu_seconds": cpu}
 
 
-def per_seed_holds(data: dict, claim: dict) -> int | None:
-  """On how many seeds a two-variant statement's difference has the stated sign (same-seed
-  pairs); None for statements that are not one metric of two variants."""
-  a, b, metric = claim["a"], claim["b"], claim["metric"]
-  final = data["final"]
-  if f"pg_{a}" not in final or f"pg_{b}" not in final or metric not in final[f"pg_{a}"]:
-    return None
-  return int(sum(x > y for x, y in zip(final[f"pg_{a}"][metric], final[f"pg_{b}"][metric])))
-
-
 def table(data: dict, variants, ks) -> str:
   cols = [f"pass@{k}" for k in ks] + ["maj@4", "answer_entropy", "kl"]
   lines = ["| objective | steps | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
@@ -393,7 +383,6 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
                   "a_mean": float(np.mean(data["final"]["pg_pass_at_k_dynamic"]["pass@4"])),
                   "b_mean": float(np.mean(data["final"]["pg_pass_at_k"]["pass@4"])), **result})
   for claim in found:
-    claim["seeds_holding"] = per_seed_holds(data, claim)
     if len(seeds) < 2:  # no spread over seeds: a standard error of 0 would call any sign a result
       claim["verdict"] = "one seed: no standard error, not tested"
   names = [run_name(v, s) for v, s in runs_of(variants, seeds)]
@@ -440,7 +429,7 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
       "| statement | first | second | difference ± s.e. | verdict | seeds where it holds |",
       "|---|---|---|---|---|---|"]
   for c in found:
-    holds = "—" if c["seeds_holding"] is None else f"{c['seeds_holding']} of {len(seeds)}"
+    holds = f"{c['seeds_holding']} of {c['seeds']}"
     lines.append(f"| {c['claim']} | {c['a_mean']:.3f} | {c['b_mean']:.3f} | "
                  f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} | "
                  f"{holds} |")

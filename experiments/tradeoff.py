@@ -445,8 +445,11 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, float | str]:
   """Mean of a minus mean of b over seeds, its standard error, and a verdict: "reproduces"
   (difference above two standard errors), "same direction, within noise", "does not
-  reproduce", or, when every value is equal (e.g. a saturated pass@100), "no difference"."""
+  reproduce", or, when every value is equal (e.g. a saturated pass@100), "no difference". With
+  a and b paired by seed (the same length, seed i at index i, as every statement here has them),
+  also `seeds_holding`: on how many seeds a > b. A statement is robust when it holds on all."""
   a, b = np.asarray(a, float), np.asarray(b, float)
+  holding = {"seeds_holding": int(np.sum(a > b)), "seeds": len(a)} if len(a) == len(b) else {}
   diff = float(a.mean() - b.mean())
   se = float(math.sqrt((a.var(ddof=1) / len(a) if len(a) > 1 else 0.0)
                        + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)))
@@ -458,7 +461,7 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, float | str]:
     verdict = "same direction, within noise"
   else:
     verdict = "does not reproduce"
-  return {"difference": diff, "standard_error": se, "verdict": verdict}
+  return {"difference": diff, "standard_error": se, "verdict": verdict, **holding}
 
 
 def at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
@@ -702,14 +705,16 @@ def report(study, argv_command: str) -> None:
       "## The paper's statements, checked",
       "",
       "Difference = mean of the first minus mean of the second over seeds; it reproduces when the "
-      "difference exceeds two standard errors.",
+      "difference exceeds two standard errors. Seeds: on how many seeds the first is above the "
+      "second (same-seed pairs); a statement is robust when it holds on every seed.",
       "",
-      "| method | statement | first | second | difference ± s.e. | verdict |",
-      "|---|---|---|---|---|---|",
+      "| method | statement | first | second | difference ± s.e. | verdict | seeds |",
+      "|---|---|---|---|---|---|---|",
   ]
   for c in found:
     lines.append(f"| {c['algorithm']} | {c['claim']} | {c['a_mean']:.3f} | {c['b_mean']:.3f} | "
-                 f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} |")
+                 f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} | "
+                 f"{c['seeds_holding']} of {c['seeds']} |")
   big = max(study.eval.ks)
   start_big = data["start"]["metrics"][f"pass@{big}"]
   if start_big > 0.99:

@@ -35,6 +35,9 @@ def test_compare_verdicts(tradeoff):
   assert tradeoff.compare([0.6, 0.4, 0.5], [0.45, 0.5, 0.49])["verdict"] == (
       "same direction, within noise")
   assert tradeoff.compare([0.4, 0.41], [0.5, 0.52])["verdict"] == "does not reproduce"
+  # robustness: on how many seeds (same-seed pairs) the first is above the second
+  assert {k: clear[k] for k in ("seeds_holding", "seeds")} == {"seeds_holding": 3, "seeds": 3}
+  assert tradeoff.compare([0.6, 0.4, 0.5], [0.45, 0.5, 0.49])["seeds_holding"] == 2
   assert tradeoff.compare([1.0, 1.0], [1.0, 1.0])["verdict"].startswith("no difference")
 
 
