@@ -260,13 +260,17 @@ def _record_provenance(study) -> None:
   """Records the ksjax commit the study's numbers come from: floating-point results (and so every
   number) can change with the code, so they are tied to a commit. A study directory without runs
   (a fresh study, or one whose runs were deleted to regenerate the published report) gets the
-  current commit, replacing the file an earlier study left there; a resumed study keeps its start
+  current commit, replacing the file an earlier study left there (and its timing.json is removed,
+  which the phases' times would otherwise be added to); a resumed study keeps its start
   commit and adds the current one to `resumed_at` when it differs, so a study spanning commits says
   so; the same for the machine (`resumed_on`), whose instruction set changes XLA:CPU's numbers."""
   path = os.path.join(study.out, "provenance.json")
   status = _git("status", "--porcelain", "--untracked-files=no")
   head = _git("rev-parse", "HEAD")
-  old = _read_json(path, {}) if os.path.isdir(os.path.join(study.out, "runs")) else {}
+  fresh = not os.path.isdir(os.path.join(study.out, "runs"))
+  if fresh and os.path.exists(os.path.join(study.out, "timing.json")):
+    os.remove(os.path.join(study.out, "timing.json"))  # an earlier study's, not to be added to
+  old = {} if fresh else _read_json(path, {})
   if not old.get("commit"):
     _write_json(path, {"commit": head, "machine": machine.describe(),
                        "uncommitted_changes": None if status is None else bool(status)})

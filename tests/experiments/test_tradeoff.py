@@ -204,10 +204,13 @@ def test_provenance_is_the_commit_that_made_the_runs(tradeoff, tmp_path, monkeyp
   study.out = str(tmp_path)
   (tmp_path / "provenance.json").write_text(json.dumps({"commit": "0" * 40,
                                                         "uncommitted_changes": False}))
+  (tmp_path / "timing.json").write_text(json.dumps({"runs": 5498.3}))
   tradeoff._record_provenance(study)  # pylint: disable=protected-access
   read = lambda: json.loads((tmp_path / "provenance.json").read_text())
   assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A"}
+  assert not (tmp_path / "timing.json").exists()  # the new study's times start from zero
   (tmp_path / "runs").mkdir()
+  (tmp_path / "timing.json").write_text(json.dumps({"runs": 60.0}))
   tradeoff._record_provenance(study)  # pylint: disable=protected-access
   assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A"}
   head["rev-parse"] = "b" * 40
@@ -217,3 +220,4 @@ def test_provenance_is_the_commit_that_made_the_runs(tradeoff, tmp_path, monkeyp
   tradeoff._record_provenance(study)  # pylint: disable=protected-access
   assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A",
                     "resumed_at": ["b" * 40], "resumed_on": ["cpu B"]}
+  assert json.loads((tmp_path / "timing.json").read_text()) == {"runs": 60.0}  # a resume adds
