@@ -686,6 +686,8 @@ def report(study, argv_command: str) -> None:
       "command, after deleting the directory for a fresh study)"
       + (f" at ksjax commit `{provenance['commit'][:7]}`"
          + (" with uncommitted changes" if provenance.get("uncommitted_changes") else "")
+         + (f" on {provenance['machine']}" if provenance.get("machine") else "")
+         + "".join(f", resumed on {m}" for m in provenance.get("resumed_on", []))
          + ("" if not provenance.get("resumed_at") else ", resumed at "
             + ", ".join(f"`{c[:7]}`" for c in provenance["resumed_at"]))
          if provenance.get("commit") else "")

@@ -17,44 +17,40 @@ import platform
 MATMUL_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
 
-def describe(cpuinfo: str = "/proc/cpuinfo") -> str:
-  """E.g. 'AMD EPYC, 2 CPUs, avx2' or 'Intel(R) Xeon(R) Platinum 8481C, 2 CPUs, amx_bf16 ...'."""
-  model = platform.processor() or platform.machine()
+def _cpuinfo(path: str) -> tuple[str | None, set[str]]:
+  """The first processor's model name and flags in a /proc/cpuinfo file (None and {} if absent)."""
+  model, flags = None, set()
   try:
-    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
       for line in f:
         key, _, value = line.partition(":")
-        if key.strip() == "model name":
+        if key.strip() == "model name" and model is None:
           model = value.strip()
+        elif key.strip() == "flags":
+          flags = set(value.split())
           break
   except OSError:
     pass
-  flags = _flags(cpuinfo)
+  return model, flags
+
+
+def describe(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """E.g. 'AMD EPYC, 2 CPUs, avx2' or 'Intel(R) Xeon(R) Platinum 8481C, 2 CPUs, amx_bf16 ...'."""
+  model, flags = _cpuinfo(cpuinfo)
   found = [f for f in MATMUL_FLAGS if f in flags]
-  return ", ".join([model, f"{os.cpu_count()} CPUs", *([" ".join(found)] if found else [])])
+  return ", ".join([model or platform.processor() or platform.machine(),
+                    f"{os.cpu_count()} CPUs", *([" ".join(found)] if found else [])])
 
 
-def _flags(cpuinfo: str) -> set[str]:
-  try:
-    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-          return set(value.split())
-  except OSError:
-    pass
-  return set()
-
-
-def bfloat16_operand_note(operand_dtype: str, platform: str,
+def bfloat16_operand_note(operand_dtype: str, backend: str,
                           cpuinfo: str = "/proc/cpuinfo") -> str | None:
   """A line for the log where bfloat16 matmul operands are slower than float32 ones: on a CPU
   without bfloat16 dot instructions (no amx_bf16 or avx512_bf16) XLA converts the operands and
   runs float32 kernels: its matmuls at SmolLM2's shapes ran at 0.6-0.7x float32's speed on an
   AVX2 machine (`benchmarks/real_model.py --parts=roofline`, which times both). None elsewhere, or
   where cpuinfo is unreadable."""
-  flags = _flags(cpuinfo)
-  if operand_dtype != "bfloat16" or platform != "cpu" or not flags:
+  _, flags = _cpuinfo(cpuinfo)
+  if operand_dtype != "bfloat16" or backend != "cpu" or not flags:
     return None
   if flags & {"amx_bf16", "avx512_bf16"}:
     return None
