@@ -264,6 +264,11 @@ def _published_json(out: str, name: str, file: str):
   return json.load(open(os.path.join(out, name, file), encoding="utf-8"))
 
 
+def _start_record(out: str) -> dict:
+  with open(start_path(out), encoding="utf-8") as f:
+    return json.load(f)
+
+
 def _published_rows(out: str, name: str) -> list[dict]:
   return metrics.read_jsonl(os.path.join(out, name, "metrics.jsonl"))
 
@@ -275,7 +280,7 @@ def status(out: str, variants, seeds) -> str:
   lines = ["| run | steps | CPU-min | " + " | ".join(f"pass@{k}" for k in ks) + " | maj@4 | KL |",
            "|" + "---|" * (len(ks) + 5)]
   if os.path.isfile(start_path(out)):
-    start = json.load(open(start_path(out), encoding="utf-8"))["metrics"]
+    start = _start_record(out)["metrics"]
     lines.append("| start | 0 | 0 | " + " | ".join(f"{start[f'pass@{k}']:.3f}" for k in ks)
                  + f" | {start['maj@4']:.3f} | 0 |")
   for variant, seed in runs_of(variants, seeds):
@@ -314,7 +319,7 @@ def collect(out: str, variants, seeds) -> dict:
   """The start's values, and per variant every metric's value per seed at its last checkpoint,
   with the steps and CPU time each run used; curves start -> end for tradeoff.claims. Read from
   the published runs in `out`."""
-  start = _values(json.load(open(start_path(out), encoding="utf-8")))
+  start = _values(_start_record(out))
   final, curves, steps, cpu = {}, {}, {}, {}
   for variant in variants:
     key = f"pg_{variant}"

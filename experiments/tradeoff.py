@@ -277,8 +277,9 @@ def _record_provenance(study) -> None:
     return
   if head != old["commit"] and head not in old.get("resumed_at", []):
     old = {**old, "resumed_at": [*old.get("resumed_at", []), head]}
-  if machine.describe() not in (old.get("machine"), *old.get("resumed_on", [])):
-    old = {**old, "resumed_on": [*old.get("resumed_on", []), machine.describe()]}
+  here = machine.describe()
+  if here not in (old.get("machine"), *old.get("resumed_on", [])):
+    old = {**old, "resumed_on": [*old.get("resumed_on", []), here]}
   _write_json(path, old)
 
 

@@ -49,10 +49,10 @@ def bfloat16_operand_note(operand_dtype: str, backend: str,
   runs float32 kernels: its matmuls at SmolLM2's shapes ran at 0.6-0.7x float32's speed on an
   AVX2 machine (`benchmarks/real_model.py --parts=roofline`, which times both). None elsewhere, or
   where cpuinfo is unreadable."""
+  if operand_dtype != "bfloat16" or backend != "cpu":
+    return None  # the common case reads no file
   _, flags = _cpuinfo(cpuinfo)
-  if operand_dtype != "bfloat16" or backend != "cpu" or not flags:
-    return None
-  if flags & {"amx_bf16", "avx512_bf16"}:
+  if not flags or flags & {"amx_bf16", "avx512_bf16"}:
     return None
   return ("note: config.model.matmul_dtype='bfloat16' on a CPU without bfloat16 dot instructions "
           "(no amx_bf16 or avx512_bf16): XLA emulates them, slower than float32 here; "
