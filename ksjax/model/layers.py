@@ -197,8 +197,17 @@ class Attention(nnx.Module):
     return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
 
   def out(self, attn_btnh: jax.Array) -> jax.Array:
+    """o_proj over the heads as one [B, T, N*H] x [N*H, D] matmul. Both reshapes are free (the
+    head axis is the major one of both operands). Why not the einsum "btnh,nhd->btd": XLA's CPU
+    backend lowered its two contracting axes as (h, n), so every call transposed the activations
+    and, in the decode loop, copied each layer's [N, H, D] weight at every step
+    (benchmarks/real_model.py --parts=profile: 4% of a SmolLM2 decode step)."""
     attn_btnh = constrain(attn_btnh, "btnh")
-    return constrain(self._project("btnh,nhd->btd", attn_btnh, self.o_proj), "btd")
+    b, t, n, h = attn_btnh.shape
+    w_nhd = self.o_proj[...]
+    out_btd = project(attn_btnh.reshape(b, t, n * h), w_nhd.reshape(n * h, w_nhd.shape[-1]),
+                      self.dtype, self.matmul_dtype)
+    return constrain(out_btd, "btd")
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
     q, k, v = self.qkv(x_btd, cos_bth, sin_bth)
