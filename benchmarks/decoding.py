@@ -22,10 +22,11 @@ def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> l
   return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
 
 
-def decode_program(llama, prompts, num_samples: int, new_tokens: int):
+def decode_program(llama, prompts, num_samples: int, new_tokens: int, cache_phases: int = 3):
   """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds, and with
   `trace_dir` profiles it there; run.hlo() is the decode program's optimised HLO text."""
-  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
+  cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0,
+                               cache_phases=cache_phases)
   batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
                                num_samples, 1, cfg.pad_id)
   shapes = sampler.Shapes(batch.tokens_pt.shape[0], num_samples, batch.tokens_pt.shape[1])

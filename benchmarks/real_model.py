@@ -1,7 +1,7 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,profile,context,attention,compile,train,config]
+    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
 
@@ -34,6 +34,11 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             16 x 4 rows at prompts of 64 and 1024 tokens, and the evaluation's 2 x 64) in the
             sampler's layout, the prompt's cache shared by its rows (`layers.attend_shared_prompt`),
             against a copy of the prompt per row (`layers.attend_bkhs` over [prompt | generated]).
+  phases    the decode loop in phases that attend only the slots written by then
+            (`SamplerConfig.cache_phases`, default 3) against one loop over all slots (1), at
+            the --configs shapes with more than 32 new tokens: decode seconds per call (no EOS,
+            every row runs all N tokens) and the first call's extra seconds (compiling a loop
+            body per phase), alternating.
   compile   compilations (counted with a jax.monitoring listener on backend compiles) and their
             seconds for the first call of a new shape bucket.
   train     the trainer's update (forward + backward + AdamW, `trainer.update.build_updater` as
@@ -280,18 +285,43 @@ def part_attention(cfg, repeats):
           f"{best['per_row'] / best['shared']:.2f}")
 
 
-def part_profile(llama, cfg, configs, top: int = 25):
+def part_phases(llama, cfg, configs, repeats):
+  for spec in configs:
+    p, n, new = (int(x) for x in spec.split("x"))
+    if new <= 33:
+      continue
+    prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
+    runs, first = {}, {}
+    for phases in (1, 3):
+      run, _ = decode_program(llama, prompts, n, new, cache_phases=phases)
+      start = time.perf_counter()
+      run(0)  # compiles
+      first[phases] = time.perf_counter() - start
+      runs[phases] = run
+    best = {}
+    for i in range(repeats):
+      for phases, run in runs.items():
+        best[phases] = min(best.get(phases, float("inf")), run(i + 1))
+    slots = sampler.phase_slots(max(new - 1, 1), 3)
+    print(f"[phases] {spec}: decode {best[1]:.2f} s in one loop, {best[3]:.2f} s in phases of "
+          f"{slots} slots: {best[1] / best[3]:.2f}x faster; first call (compiling) "
+          f"{first[1]:.1f} s against {first[3]:.1f} s")
+
+
+def part_profile(llama, cfg, configs, prompt_tokens: int = 40, top: int = 25):
   """One decode call at the first --configs shape under the JAX profiler: the time per step of
   the ops XLA ran, grouped by the HLO op they came from (its jax op name and result shape), the
   largest first. Ops that run once per call (the weights' casts before the loop) are spread over
-  the steps, as the decode step's timing spreads them."""
+  the steps, as the decode step's timing spreads them. Prompts of `prompt_tokens - 20` to
+  `prompt_tokens` tokens (--profile_prompt; 1024 profiles the context part's long prompts)."""
   import collections  # pylint: disable=g-import-not-at-top
   import gzip  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
   p, n, new = (int(x) for x in configs[0].split("x"))
   new = min(new, 32)
-  run, steps = decode_program(llama, random_prompts(cfg.vocab_size, p, 20, 40, seed=p), n, new)
+  prompts = random_prompts(cfg.vocab_size, p, prompt_tokens - 20, prompt_tokens, seed=p)
+  run, steps = decode_program(llama, prompts, n, new)
   source = {}  # HLO instruction name -> (result shape, jax op name)
   for line in run.hlo().splitlines():
     m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ", line)
@@ -312,9 +342,9 @@ def part_profile(llama, cfg, configs, top: int = 25):
       key = (re.sub(r"\.\d+$", "", e["name"]),) + source[e["name"]]
       total[key] += e["dur"] * 1e-6 / steps
       count[key] += 1 / steps
-  print(f"[profile] {p * n} rows, {steps} decode steps under the profiler: "
-        f"{seconds / steps * 1e3:.1f} ms per step; ops {sum(total.values()) * 1e3:.1f} ms per "
-        "step (threads overlap); the largest, per step:")
+  print(f"[profile] {p * n} rows, prompts of up to {prompt_tokens} tokens, {steps} decode steps "
+        f"under the profiler: {seconds / steps * 1e3:.1f} ms per step; ops "
+        f"{sum(total.values()) * 1e3:.1f} ms per step (threads overlap); the largest, per step:")
   for (kind, shape, op), t in total.most_common(top):
     print(f"  {t * 1e3:7.2f} ms  {count[(kind, shape, op)]:5.1f}x  {op:16s} {shape:24s} {kind}")
 
@@ -449,10 +479,12 @@ def part_config(steps: int, matmul_dtype: str):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--parts",
-                      default="sample,roofline,context,attention,compile,train,config")
+                      default="sample,roofline,phases,context,attention,compile,train,config")
   parser.add_argument("--configs", default="16x4x64,64x4x256,2x64x80")
   parser.add_argument("--config_steps", type=int, default=6)
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--profile_prompt", type=int, default=40,
+                      help="the profile part's longest prompt, in tokens (at least 21)")
   parser.add_argument("--matmul_dtypes", default="float32,bfloat16")
   args = parser.parse_args()
   path = gguf_path()
@@ -488,8 +520,10 @@ def main():
       part_context(llama, llama.cfg, args.repeats)
     if "attention" in parts:
       part_attention(llama.cfg, args.repeats)
+    if "phases" in parts:
+      part_phases(llama, llama.cfg, configs, args.repeats)
     if "profile" in parts:
-      part_profile(llama, llama.cfg, configs)
+      part_profile(llama, llama.cfg, configs, args.profile_prompt)
     if "compile" in parts:
       part_compile(llama, llama.cfg)
     if "train" in parts:

@@ -52,6 +52,11 @@ class SamplerConfig:
   the running rows into a batch half as large (or smaller), so finished rows stop costing a
   decode step; it never shrinks below `compact_rows` rows (0: never shrinks). A row's samples do
   not depend on it (each row keeps its own keys); sampler.py says how.
+  `cache_phases`: the decode loop runs in up to this many phases, each attending only the row
+  slots it can have written by its end (about 1/4, 1/2 and all of them for 3), so that early
+  tokens do not read the whole generated cache; each phase compiles its own loop body, and none
+  is shorter than 64 slots. 1: one loop over all slots. Generations of at most 97 new tokens
+  always take one loop.
   """
   max_new_tokens: int = 256
   temperature: float = 1.0
@@ -62,6 +67,7 @@ class SamplerConfig:
   pad_id: int = 0
   prefill_once: bool = True
   compact_rows: int = 8
+  cache_phases: int = 3
 
   def __post_init__(self):
     if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -83,6 +89,9 @@ class SamplerConfig:
     if not _is_int(self.compact_rows) or self.compact_rows < 0:
       raise ValueError(f"compact_rows={self.compact_rows!r} is not accepted; expected an integer "
                        ">= 0 (0 means the decode batch never shrinks)")
+    if not _is_int(self.cache_phases) or self.cache_phases < 1:
+      raise ValueError(f"cache_phases={self.cache_phases!r} is not accepted; expected an integer "
+                       ">= 1 (1 means one decode loop over all slots)")
     eos = () if self.eos_id is None else token_ids(self.eos_id, "eos_id", allow_empty=True)
     stops = self.stop_sequences or ()
     if isinstance(stops, (str, bytes)) or not isinstance(stops, Sequence):
@@ -96,6 +105,7 @@ class SamplerConfig:
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "pad_id", int(self.pad_id))
     object.__setattr__(self, "compact_rows", int(self.compact_rows))
+    object.__setattr__(self, "cache_phases", int(self.cache_phases))
     object.__setattr__(self, "eos_id", eos)
     object.__setattr__(self, "stop_sequences", stops)
 

@@ -25,6 +25,12 @@ moved rows take a copy of their prompt's cache each (n = 1 from then on: groups 
 up), so a shrink trades the prompt's sharing for fewer rows. On one process only: elsewhere the
 whole batch runs until every row is done.
 
+Phases: step i writes slot i - 1, so early steps have written few of the S slots. The decode
+program runs up to `SamplerConfig.cache_phases` loops one after another (`phase_slots`: about
+S/4, S/2 and S slots for 3), each carrying a copy of only the slots it can write and attending
+those, then writing them back; a loop over all S slots would read every unwritten slot at every
+step. Each phase is its own compiled loop body; generations of at most 97 tokens take one.
+
 The prefill runs the model over the [P', T] prompt batch in one call, keeps the logits of the last
 position only (`Llama.hidden_cached`, so [P', T, V] never exists), gives each prompt's cache and
 logits to its n rows, and samples token 0. `prefill_once=True` prefills each prompt once, and its
@@ -172,6 +178,44 @@ def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, prompt:
   return logits_bv, cache, kv_mask_bs
 
 
+MIN_PHASE_SLOTS = 64  # the shortest phase of the decode loop (`phase_slots`)
+
+
+def phase_slots(slots: int, phases: int) -> tuple[int, ...]:
+  """The slots each phase of the decode loop attends (`SamplerConfig.cache_phases`): about
+  slots / 2**j for j = phases - 1, ..., 0, rounded up to a multiple of 16, distinct, increasing,
+  the last one `slots`; a phase shorter than 64 slots, or within 16 slots of the next, is
+  dropped: each phase compiles its own loop body, and below that the saving did not pay for it
+  (--parts=phases: 2 x 64 rows x 80 tokens ran 0.99x as fast in phases of 32, 48 and 79 slots,
+  and its first call took 6.5 s longer). So generations of at most 97 tokens take one loop.
+
+  Why: step i of a row writes slot i - 1 and attends the slots written so far, but a loop over
+  all S slots reads all of them at every step; with values measured at the SmolLM2 shape, 64 rows
+  x 256 new tokens spent a quarter of a decode step reading slots (a throwaway timing of the
+  rows' attention at 255 slots), most of them unwritten; in phases of 64, 128 and 255 slots the
+  decode ran 1.09x faster (benchmarks/real_model.py --parts=phases, loaded machine). Masked slots add exact zeros, so a phase changes a step's values only by the summation
+  order over fewer slots."""
+  bounds = sorted({min(slots, -(-slots // (2 ** j * 16)) * 16) for j in range(phases)})
+  kept = [slots]
+  for bound in reversed(bounds):
+    if MIN_PHASE_SLOTS <= bound <= kept[0] - 16:
+      kept.insert(0, bound)
+  return tuple(kept)
+
+
+def slot_view(cache: Cache, live: int) -> Cache:
+  """The first `live` slots of the rows' cache (keys [B, K, H, live], values [B, K, live, H])."""
+  return {"k": [k[..., :live] for k in cache["k"]], "v": [v[:, :, :live] for v in cache["v"]]}
+
+
+def slot_write_back(cache: Cache, view: Cache) -> Cache:
+  """`cache` with its first slots replaced by `view` (`slot_view`'s layout)."""
+  return {"k": [jax.lax.dynamic_update_slice(k, kv, (0, 0, 0, 0))
+                for k, kv in zip(cache["k"], view["k"])],
+          "v": [jax.lax.dynamic_update_slice(v, vv, (0, 0, 0, 0))
+                for v, vv in zip(cache["v"], view["v"])]}
+
+
 def new_slots(cfg: SamplerConfig) -> int:
   """S, the slots of a row's own cache: one per generated token that is fed back (N - 1), at
   least one (the decode program is traced even when N = 1 leaves it nothing to do)."""
@@ -283,9 +327,12 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
     # A row's positions run from its prompt's length (at most the padded length T) to T + N - 1.
     rope_table = llama.rope_table(prompt.mask_pt.shape[1] + n_new)
 
-    def cond(ds):
-      running = jnp.sum(~ds.done_b)
-      return (ds.step < n_new) & (running > 0) & (running > stop_at)
+    def cond(live):
+      def go_on(ds):
+        running = jnp.sum(~ds.done_b)
+        # the step writes slot step - 1, so a phase of `live` slots runs steps up to `live`
+        return (ds.step < n_new) & (ds.step <= live) & (running > 0) & (running > stop_at)
+      return go_on
 
     def body(ds):
       token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
@@ -295,7 +342,18 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
       return jax.lax.with_sharding_constraint(sample_and_record(ds, logits_bv, cfg),
                                               out_shardings)
 
-    return jax.lax.while_loop(cond, body, ds)
+    slots = new_slots(cfg)
+    for live in phase_slots(slots, cfg.cache_phases):
+      if live == slots:
+        ds = jax.lax.while_loop(cond(live), body, ds)
+        continue
+      # The phase's rows attend their first `live` slots only: a copy of those slots (the rest
+      # are unwritten, masked off) carried through the phase's loop, then written back.
+      phase = jax.lax.while_loop(cond(live), body, ds.replace(
+          cache=slot_view(ds.cache, live), kv_mask_bs=ds.kv_mask_bs[:, :live]))
+      ds = phase.replace(cache=slot_write_back(ds.cache, phase.cache),
+                         kv_mask_bs=ds.kv_mask_bs.at[:, :live].set(phase.kv_mask_bs))
+    return ds
 
   return jax.jit(decode, out_shardings=out_shardings, donate_argnums=2)
 

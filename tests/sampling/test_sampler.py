@@ -246,3 +246,72 @@ def test_shrunk_rows_halves_while_the_running_rows_fit():
   assert sampler.shrunk_rows(128, 65, 8, 1) == 128
   assert sampler.shrunk_rows(32, 1, 8, 16) == 16  # a half must split over the batch shards
   assert sampler.shrunk_rows(24, 1, 1, 1) == 3
+
+
+def test_phase_slots_bound_each_phase_and_end_at_all_slots():
+  assert sampler.phase_slots(96, 3) == (96,)  # up to 97 new tokens: one loop
+  assert sampler.phase_slots(97, 3) == (64, 97)
+  assert sampler.phase_slots(255, 3) == (64, 128, 255)
+  assert sampler.phase_slots(1023, 3) == (256, 512, 1023)
+  assert sampler.phase_slots(1023, 5) == (64, 128, 256, 512, 1023)
+  assert sampler.phase_slots(1023, 1) == (1023,)
+  for slots in range(1, 600):
+    for phases in (1, 2, 3, 6):
+      bounds = sampler.phase_slots(slots, phases)
+      assert bounds[-1] == slots and len(bounds) <= phases
+      assert all(b % 16 == 0 and b >= 64 and b + 16 <= c for b, c in zip(bounds, bounds[1:]))
+
+
+@pytest.fixture(scope="module")
+def long_llama():
+  """The tiny random model with room for 120 new tokens."""
+  cfg = model.preset("tiny", vocab_size=97, max_position_embeddings=144)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(0))
+  nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
+  return llama
+
+
+@pytest.mark.parametrize("compact_rows", [0, 2])
+def test_decoding_in_phases_changes_no_sample(long_llama, compact_rows, monkeypatch):
+  """120 new tokens (119 slots: phases of 64 and 119 slots) with an EOS id drawn from a free run,
+  so rows end inside both phases and, with compact_rows=2, the batch shrinks while decoding in
+  phases: the same tokens as one loop over all slots, and the log-probs of the model's full
+  forward."""
+  n_new = 120
+  llama = long_llama
+  prompts = PROMPTS + [[11, 12, 13, 14]]
+  one_loop = dict(max_new_tokens=n_new, temperature=TEMPERATURE, compact_rows=0, cache_phases=1)
+  free = sampling.sample(llama, prompts, sampling.SamplerConfig(**one_loop), num_samples=8,
+                         seed=5)
+  tokens = np.asarray(free.tokens)
+  eos = (int(tokens[0, 90]),)  # one id of 97: rows end at many steps, some never
+  whole = sampling.sample(llama, prompts, sampling.SamplerConfig(**one_loop, eos_id=eos),
+                          num_samples=8, seed=5)
+  phased_cfg = sampling.SamplerConfig(**{**one_loop, "compact_rows": compact_rows,
+                                         "cache_phases": 3}, eos_id=eos)
+  assert sampler.phase_slots(sampler.new_slots(phased_cfg), 3) == (64, 119)
+  shrinks = []  # the batch sizes the decode loop shrank to
+  original = sampler.compact_program
+  monkeypatch.setattr(sampler, "compact_program", lambda mesh: (
+      lambda prompt, ds, keep: shrinks.append(len(keep)) or original(mesh)(prompt, ds, keep)))
+  out = sampling.sample(llama, prompts, phased_cfg, num_samples=8, seed=5)
+  assert bool(shrinks) == bool(compact_rows), shrinks
+  lengths = np.asarray(whole.lengths)
+  assert (lengths < 64).any() and ((lengths > 65) & (lengths < n_new)).any(), lengths
+  assert (lengths == n_new).any(), lengths
+  np.testing.assert_array_equal(out.tokens, whole.tokens)
+  np.testing.assert_array_equal(out.lengths, whole.lengths)
+  np.testing.assert_array_equal(out.finished, whole.finished)
+  np.testing.assert_allclose(out.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+  seq, mask = out.sequences()
+  logp_full, _ = nnx.jit(model.token_logprobs, static_argnames="temperature")(
+      llama, seq, mask, temperature=TEMPERATURE)
+  t = out.prompt_tokens.shape[1]
+  done = completion_mask(out)
+  np.testing.assert_allclose(np.asarray(out.logprobs)[done], np.asarray(logp_full)[:, t:][done],
+                             atol=1e-4, rtol=0)
+
+
+def test_cache_phases_is_validated():
+  with pytest.raises(ValueError, match="cache_phases=0 is not accepted"):
+    sampling.SamplerConfig(cache_phases=0)

@@ -100,3 +100,26 @@ def test_weights_cast_once_keep_their_shardings_and_the_samples():
   # order, and where that moves an activation across a bfloat16 rounding boundary the operand
   # changes by up to 2^-8 of itself (2e-5 seen on an AVX2 machine, under 1e-5 on an AMX one).
   np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)
+
+
+def test_decoding_in_phases_on_a_mesh_gives_the_one_loop_samples():
+  """100 new tokens decode in two phases (64, then 99 slots of the rows' cache); on a (2, 2, 2)
+  mesh the phase's slot copy and its write-back keep the cache's sharding, and the samples are
+  those of one loop over all slots on one device."""
+  cfg = model.preset("tiny", vocab_size=96, max_position_embeddings=128)
+
+  def llama():
+    llama = model.Llama(cfg, rngs=nnx.Rngs(1))
+    nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
+    return llama
+
+  settings = dict(max_new_tokens=100, temperature=1.0)
+  one_loop = sampling.sample(llama(), PROMPTS, sampling.SamplerConfig(
+      **settings, cache_phases=1), num_samples=2, seed=4)
+  mesh = model.make_mesh((2, 2, 2))
+  phased = sampling.SamplerConfig(**settings, cache_phases=3)
+  assert sampler.phase_slots(sampler.new_slots(phased), phased.cache_phases) == (64, 99)
+  out = sampling.sample(model.shard(llama(), mesh), PROMPTS, phased, num_samples=2, seed=4)
+  np.testing.assert_array_equal(out.tokens, one_loop.tokens)
+  np.testing.assert_allclose(out.logprobs, one_loop.logprobs, atol=1e-5, rtol=0)
+  assert len({tuple(row) for row in np.asarray(out.tokens).tolist()}) > 1
