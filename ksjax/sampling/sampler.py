@@ -190,11 +190,11 @@ def phase_slots(slots: int, phases: int) -> tuple[int, ...]:
   and its first call took 6.5 s longer). So generations of at most 97 tokens take one loop.
 
   Why: step i of a row writes slot i - 1 and attends the slots written so far, but a loop over
-  all S slots reads all of them at every step; with values measured at the SmolLM2 shape, 64 rows
-  x 256 new tokens spent a quarter of a decode step reading slots (a throwaway timing of the
-  rows' attention at 255 slots), most of them unwritten; in phases of 64, 128 and 255 slots the
-  decode ran 1.09x faster (benchmarks/real_model.py --parts=phases, loaded machine). Masked slots add exact zeros, so a phase changes a step's values only by the summation
-  order over fewer slots."""
+  all S slots reads all of them at every step. At the SmolLM2 shape, 64 rows x 256 new tokens
+  spent about a quarter of a late decode step in the rows' own attention over 255 slots, most of
+  them unwritten early on; in phases of 64, 128 and 255 slots that decode ran 1.15x faster
+  (benchmarks/real_model.py --parts=phases, quiet AVX2 machine). Masked slots add exact zeros,
+  so a phase changes a step's values only by the summation order over fewer slots."""
   bounds = sorted({min(slots, -(-slots // (2 ** j * 16)) * 16) for j in range(phases)})
   kept = [slots]
   for bound in reversed(bounds):
