@@ -36,7 +36,8 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             against a copy of the prompt per row (`layers.attend_bkhs` over [prompt | generated]).
   phases    the decode loop in phases that attend only the slots written by then
             (`SamplerConfig.cache_phases`, default 3) against one loop over all slots (1), at
-            the --configs shapes with more than 32 new tokens: decode seconds per call (no EOS,
+            the --configs shapes long enough for phases (98 new tokens or more; shorter ones
+            decode in one loop either way): decode seconds per call (no EOS,
             every row runs all N tokens) and the first call's extra seconds (compiling a loop
             body per phase), alternating.
   compile   compilations (counted with a jax.monitoring listener on backend compiles) and their
@@ -288,7 +289,8 @@ def part_attention(cfg, repeats):
 def part_phases(llama, cfg, configs, repeats):
   for spec in configs:
     p, n, new = (int(x) for x in spec.split("x"))
-    if new <= 33:
+    slots = sampler.phase_slots(sampler.new_slots(sampling.SamplerConfig(max_new_tokens=new)), 3)
+    if len(slots) == 1:  # this length decodes in one loop either way
       continue
     prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
     runs, first = {}, {}
@@ -302,7 +304,6 @@ def part_phases(llama, cfg, configs, repeats):
     for i in range(repeats):
       for phases, run in runs.items():
         best[phases] = min(best.get(phases, float("inf")), run(i + 1))
-    slots = sampler.phase_slots(max(new - 1, 1), 3)
     print(f"[phases] {spec}: decode {best[1]:.2f} s in one loop, {best[3]:.2f} s in phases of "
           f"{slots} slots: {best[1] / best[3]:.2f}x faster; first call (compiling) "
           f"{first[1]:.1f} s against {first[3]:.1f} s")

@@ -19,12 +19,16 @@ N_NEW = 12
 SAMPLED = dict(num_samples=3, max_new_tokens=N_NEW, temperature=TEMPERATURE)
 
 
-@pytest.fixture(scope="module")
-def llama():
+def scaled_llama(cfg: model.LlamaConfig = CFG) -> model.Llama:
   """A tiny random model with weights scaled up so its distributions are not near-uniform."""
-  llama = model.Llama(CFG, rngs=nnx.Rngs(0))
+  llama = model.Llama(cfg, rngs=nnx.Rngs(0))
   nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
   return llama
+
+
+@pytest.fixture(scope="module")
+def llama():
+  return scaled_llama()
 
 
 @pytest.fixture(scope="module")
@@ -265,10 +269,7 @@ def test_phase_slots_bound_each_phase_and_end_at_all_slots():
 @pytest.fixture(scope="module")
 def long_llama():
   """The tiny random model with room for 120 new tokens."""
-  cfg = model.preset("tiny", vocab_size=97, max_position_embeddings=144)
-  llama = model.Llama(cfg, rngs=nnx.Rngs(0))
-  nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
-  return llama
+  return scaled_llama(model.preset("tiny", vocab_size=97, max_position_embeddings=144))
 
 
 @pytest.mark.parametrize("compact_rows", [0, 2])

@@ -16,8 +16,8 @@ PROMPTS = [[5, 17, 3], [8, 1, 2, 9, 33, 4, 60], [70], [12, 13, 14, 15]]
 SETTINGS = dict(num_samples=2, max_new_tokens=10, temperature=0.0, eos_id=None)
 
 
-def scaled_llama() -> model.Llama:
-  llama = model.Llama(CFG, rngs=nnx.Rngs(1))
+def scaled_llama(cfg: model.LlamaConfig = CFG) -> model.Llama:
+  llama = model.Llama(cfg, rngs=nnx.Rngs(1))
   nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
   return llama
 
@@ -106,13 +106,7 @@ def test_decoding_in_phases_on_a_mesh_gives_the_one_loop_samples():
   """100 new tokens decode in two phases (64, then 99 slots of the rows' cache); on a (2, 2, 2)
   mesh the phase's slot copy and its write-back keep the cache's sharding, and the samples are
   those of one loop over all slots on one device."""
-  cfg = model.preset("tiny", vocab_size=96, max_position_embeddings=128)
-
-  def llama():
-    llama = model.Llama(cfg, rngs=nnx.Rngs(1))
-    nnx.update(llama, jax.tree.map(lambda x: 3.0 * x, nnx.state(llama)))
-    return llama
-
+  llama = lambda: scaled_llama(model.preset("tiny", vocab_size=96, max_position_embeddings=128))
   settings = dict(max_new_tokens=100, temperature=1.0)
   one_loop = sampling.sample(llama(), PROMPTS, sampling.SamplerConfig(
       **settings, cache_phases=1), num_samples=2, seed=4)
