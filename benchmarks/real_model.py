@@ -44,8 +44,9 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             seconds for the first call of a new shape bucket.
   train     the trainer's update (forward + backward + AdamW, `trainer.update.build_updater` as
             benchmarks/train_step.py builds it) on 64 rows x 128 columns, and the reference forward
-            (`model.token_logprobs`) on the same rows: FLOP/s from XLA's cost analysis of the
-            compiled programs over the dense [2048, 2048] matmul rate measured in the same run,
+            (`model.token_logprobs`) on the same rows: model FLOP/s (`LlamaConfig.forward_flops`,
+            the update 3x the forward; XLA's cost analysis, printed beside it, counts a loop
+            body once) over the dense [2048, 2048] matmul rate measured in the same run,
             float32 and with bfloat16 operands (float32 results).
   config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
             sampling, reward, reference, update) and its compilations per step, from a short
@@ -426,15 +427,19 @@ def part_train(llama, cfg, repeats):
   ref_flops = reference.lower(p, tokens, mask).compile().cost_analysis().get("flops", np.nan)
   best = fastest({"update": step,
                   "reference": lambda: reference(p, tokens, mask).block_until_ready()}, repeats)
+  rows, columns = tokens.shape
+  forward = cfg.forward_flops(rows, columns, logit_columns=columns - 1)
   print(f"[train] matmul dtype {cfg.operand_dtype}: dense 2048^3 matmul {peak32 / 1e9:.1f} "
         f"GFLOP/s in float32, {peak / 1e9:.1f} with {cfg.operand_dtype} operands (this run); "
-        f"{tokens.shape[0]} rows x {tokens.shape[1]} columns")
-  for name, flops in (("update (fwd+bwd+AdamW)", update_flops), ("reference forward", ref_flops)):
+        f"{rows} rows x {columns} columns; model FLOPs (LlamaConfig.forward_flops, the update "
+        f"3x the forward) and, in brackets, XLA's count, which takes each loop body once")
+  for name, flops, xla in (("update (fwd+bwd+AdamW)", 3 * forward, update_flops),
+                           ("reference forward", forward, ref_flops)):
     sec = best["update" if name.startswith("update") else "reference"]
     print(f"  {name:24s} {sec:6.2f} s, {flops / 1e9:7.1f} GFLOP, {flops / sec / 1e9:6.1f} GFLOP/s"
           f" = {flops / sec / peak32:.0%} of the float32 matmul rate"
           + (f", {flops / sec / peak:.0%} of the {cfg.operand_dtype} one" if peak != peak32
-             else ""))
+             else "") + f" [XLA: {xla / 1e9:.1f} GFLOP, {xla / sec / peak32:.0%}]")
 
 
 def part_config(steps: int, matmul_dtype: str):

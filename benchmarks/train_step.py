@@ -8,8 +8,9 @@ In one run:
   2. Update throughput (one optimizer step: forward, backward, AdamW) for two models on the
      default config's batch (configs/pass_at_k.py: B prompts x n completions, prompt + completion
      columns): the default tiny model and a wider one (hidden 256, 4 layers). Tokens per second
-     (non-padding tokens of the batch over the step time) and FLOP/s, with the FLOP count read
-     from the compiled program (XLA's cost analysis), as a fraction of (1).
+     (non-padding tokens of the batch over the step time) and model FLOP/s
+     (`LlamaConfig.forward_flops`, the update 3x the forward), as a fraction of (1); XLA's cost
+     analysis of the compiled program, printed beside it, counts each loop body once.
   3. The sparse update's speed-up for pass@k leave-one-out at k = n = 8, on the same batch: the
      dense update of all B x 8 rows against the sparse one (rows with a non-zero advantage only,
      packed into a power-of-two bucket). Two reward kinds: +-1, correct with probability 0.3 (a
@@ -143,11 +144,14 @@ def throughput(config, cfg, n: int, repeats: int, peak: float) -> dict[str, floa
                     behaviour_logp=batch.behaviour_logp_rt, advantage=adv)
   placed = updater.place(rows.split(len(adv)))
   program = updater.step_program(state, placed, batch.prompt_len)
-  flops = program.lower(state, placed).compile().cost_analysis().get("flops", float("nan"))
+  xla_flops = program.lower(state, placed).compile().cost_analysis().get("flops", float("nan"))
+  rows_n, columns = batch.tokens_rt.shape
+  flops = 3 * cfg.forward_flops(rows_n, columns, logit_columns=columns - 1)
   tokens = float(batch.attention_mask_rt.sum())
-  return {"params": cfg.num_params, "rows": len(adv), "columns": batch.tokens_rt.shape[1],
+  return {"params": cfg.num_params, "rows": len(adv), "columns": columns,
           "seconds": seconds, "tokens_per_s": tokens / seconds, "flops": flops,
-          "flops_per_s": flops / seconds, "fraction_of_matmul": flops / seconds / peak}
+          "xla_flops": xla_flops, "flops_per_s": flops / seconds,
+          "fraction_of_matmul": flops / seconds / peak}
 
 
 def sparse_speedup(config, cfg, repeats: int, continuous: bool) -> dict[str, float]:
@@ -221,7 +225,8 @@ def main() -> None:
     print(f"   {name}: {r['params']:,} params, [{r['rows']}, {r['columns']}] rows x columns: "
           f"{r['seconds'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, "
           f"{r['flops'] / 1e9:.2f} GFLOP/step, {r['flops_per_s'] / 1e9:.2f} GFLOP/s = "
-          f"{100 * r['fraction_of_matmul']:.1f}% of the matmul rate")
+          f"{100 * r['fraction_of_matmul']:.1f}% of the matmul rate (XLA's count, loop bodies "
+          f"once: {r['xla_flops'] / 1e9:.2f} GFLOP/step)")
   for (name, cfg), continuous in itertools.product(
       (("default (tiny)", tiny), ("wide (h256, 4 layers)", wide)), (False, True)):
     s = sparse_speedup(default_config(), cfg, args.repeats, continuous)

@@ -93,6 +93,21 @@ class LlamaConfig:
     return self.num_layers * block + embed + d + (d + 1 if self.value_head else 0)
 
 
+  def forward_flops(self, rows: int, columns: int, logit_columns: int | None = None) -> int:
+    """Model FLOPs of one forward over [rows, columns] tokens, as MFU counts them (PaLM,
+    Chowdhery et al. 2022, appendix B): 2 per multiply-add of every weight matmul, the attention
+    products over the full [columns, columns] square (as `layers.attend` computes them, masked),
+    and the head over `logit_columns` positions (default: all). Norms, softmax and
+    rematerialisation are not counted; a forward + backward update is 3 times this. Why not
+    XLA's cost analysis: it counts the body of a loop once, whatever its trip count, so the
+    chunked head's vocabulary loop (`logprobs.chunked_logprobs`) went uncounted."""
+    d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+    weights = d * h * (2 * self.num_heads + 2 * self.num_kv_heads) + 3 * d * f
+    attention = 2 * 2 * self.num_heads * h * columns * columns
+    logit_columns = columns if logit_columns is None else logit_columns
+    return (2 * rows * columns * weights * self.num_layers + rows * attention * self.num_layers
+            + 2 * rows * logit_columns * d * self.vocab_size)
+
 def validate(cfg: LlamaConfig) -> None:
   """Raises ConfigError naming the first field that cannot describe a Llama."""
   for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -14,6 +14,8 @@ batch axes, heads and MLP columns over tensor); without a mesh set for tracing t
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -215,8 +217,58 @@ class Attention(nnx.Module):
     return self.out(attend(q, k, v, mask_btt))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def swiglu(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Array,
+           dtype, matmul_dtype: str | None) -> jax.Array:
+  """down(silu(x @ gate) * (x @ up)), each product as `project` computes it, the [B, T, F]
+  activations pinned to their "btf" axes.
+
+  The backward pass is written by hand (`_swiglu_bwd`). Why not autodiff: for each weight's
+  gradient XLA's CPU backend transposed the [B*T, F] activation gradient into a copy before the
+  product, and differentiated silu as x * sigmoid(x) in three elementwise passes; at SmolLM2's
+  shape (64 x 128 rows) the transposes alone were about 6% of the update
+  (benchmarks/real_model.py --parts=train). Here every weight gradient is a plain
+  [D, B*T] x [B*T, F] or [F, B*T] x [B*T, D] product whose transposed operand is the narrow
+  one ([B*T, D], 2.7 times smaller at SmolLM2's widths) or a result, and silu's derivative is
+  one fused pass. The residuals are x and both [B, T, F] pre-activations."""
+  return _swiglu_fwd(x_btd, gate_df, up_df, down_fd, dtype, matmul_dtype)[0]
+
+
+def _swiglu_fwd(x_btd, gate_df, up_df, down_fd, dtype, matmul_dtype):
+  g_btf = constrain(project(x_btd, gate_df, dtype, matmul_dtype), "btf")
+  u_btf = constrain(project(x_btd, up_df, dtype, matmul_dtype), "btf")
+  hidden_btf = constrain(jax.nn.silu(g_btf) * u_btf, "btf")
+  y_btd = constrain(project(hidden_btf, down_fd, dtype, matmul_dtype), "btd")
+  return y_btd, (x_btd, gate_df, up_df, down_fd, g_btf, u_btf)
+
+
+def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
+  x_btd, gate_df, up_df, down_fd, g_btf, u_btf = residuals
+  b, t, d = x_btd.shape
+  f = g_btf.shape[-1]
+  mm = lambda spec, a, w: project(a, w, dtype, matmul_dtype, spec)
+  sig_mf = jax.nn.sigmoid(g_btf.reshape(b * t, f))
+  g_mf, u_mf = g_btf.reshape(b * t, f), u_btf.reshape(b * t, f)
+  silu_mf = g_mf * sig_mf
+  dy_md = dy_btd.reshape(b * t, d).astype(dtype)
+  dhidden_mf = mm("md,fd->mf", dy_md, down_fd)
+  # d down = hidden^T dy, formed as (dy^T hidden)^T: the transposes are of [B*T, D] and [D, F].
+  ddown_fd = mm("dm,mf->df", dy_md.T, silu_mf * u_mf).T
+  # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
+  dg_mf = dhidden_mf * u_mf * sig_mf * (1 + g_mf * (1 - sig_mf))
+  du_mf = dhidden_mf * silu_mf
+  x_dm = x_btd.reshape(b * t, d).T
+  dgate_df, dup_df = mm("dm,mf->df", x_dm, dg_mf), mm("dm,mf->df", x_dm, du_mf)
+  dx_md = mm("mf,df->md", dg_mf, gate_df) + mm("mf,df->md", du_mf, up_df)
+  return (dx_md.reshape(b, t, d).astype(x_btd.dtype), dgate_df.astype(gate_df.dtype),
+          dup_df.astype(up_df.dtype), ddown_fd.astype(down_fd.dtype))
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)) (`swiglu`)."""
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
@@ -227,10 +279,8 @@ class MLP(nnx.Module):
     self.matmul_dtype = cfg.matmul_dtype
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
-    mm = lambda x, p: project(x, p[...], self.dtype, self.matmul_dtype)
-    gate_btf = jax.nn.silu(constrain(mm(x_btd, self.gate_proj), "btf"))
-    hidden_btf = constrain(gate_btf * constrain(mm(x_btd, self.up_proj), "btf"), "btf")
-    return constrain(mm(hidden_btf, self.down_proj), "btd")
+    return swiglu(x_btd, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
+                  self.dtype, self.matmul_dtype)
 
 
 class DecoderLayer(nnx.Module):

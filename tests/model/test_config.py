@@ -5,6 +5,7 @@ import gc
 import math
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -76,3 +77,19 @@ def test_invalid_fields_are_named(overrides, field):
 def test_unknown_preset_lists_the_known_ones():
   with pytest.raises(ConfigError, match="'llama3.1-8b'"):
     model.preset("llama2-7b")
+
+
+@pytest.mark.parametrize("name,rows,columns", [("tiny", 4, 32), ("small25m", 2, 48)])
+def test_forward_flops_match_xla_count_of_a_loop_free_forward(name, rows, columns):
+  """`LlamaConfig.forward_flops` against XLA's cost analysis of the full-logits forward (no loop
+  in it at these lengths, so XLA counts every product once): XLA adds the elementwise work
+  (norms, softmax, silu, residuals), a few percent, and nothing else."""
+  cfg = model.preset(name)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0))))
+  tokens = jax.ShapeDtypeStruct((rows, columns), jnp.int32)
+  xla = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)).lower(state, tokens).compile()
+  xla_flops = xla.cost_analysis()["flops"]
+  flops = cfg.forward_flops(rows, columns)
+  assert flops <= xla_flops <= 1.06 * flops
+  assert cfg.forward_flops(rows, columns, logit_columns=columns - 1) == (
+      flops - 2 * rows * cfg.hidden_size * cfg.vocab_size)

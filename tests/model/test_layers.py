@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama as hf_llama  # noqa: E402
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -119,3 +120,40 @@ def test_mlp():
   with torch.no_grad():
     ref = hf(_t(x)).numpy()
   np.testing.assert_allclose(ours(jnp.asarray(x)), ref, atol=1e-5, rtol=0)
+
+
+def test_mlp_gradients_match_torch_autograd():
+  """`layers.swiglu`'s hand-written backward against torch's autograd through LlamaMLP: the
+  input's and all three weights' gradients of a random linear function of the output."""
+  config = _hf_config()
+  torch.manual_seed(2)
+  hf = hf_llama.LlamaMLP(config)
+  ours = layers.MLP(_ours(config), nnx.Rngs(0))
+  for name in ("gate_proj", "up_proj", "down_proj"):
+    getattr(ours, name)[...] = jnp.asarray(getattr(hf, name).weight.detach().numpy().T)
+  x, dy = _x(B, T, 64), _x(B, T, 64, seed=1)
+  x_t = _t(x).requires_grad_()
+  (hf(x_t) * _t(dy)).sum().backward()
+  dx, dparams = jax.grad(lambda x, m: (m(x) * dy).sum(), argnums=(0, 1))(jnp.asarray(x), ours)
+  np.testing.assert_allclose(dx, x_t.grad.numpy(), atol=1e-5, rtol=1e-5)
+  for name in ("gate_proj", "up_proj", "down_proj"):
+    np.testing.assert_allclose(getattr(dparams, name)[...],
+                               getattr(hf, name).weight.grad.numpy().T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
+def test_swiglu_backward_equals_autodiff(matmul_dtype):
+  """The hand-written backward equals JAX's autodiff of the same forward (the products as
+  `layers.project` computes them), also with bfloat16 operands and float32 accumulation."""
+  x, dy = jnp.asarray(_x(B, T, 64)), jnp.asarray(_x(B, T, 64, seed=1))
+  ws = [jnp.asarray(_x(*shape, seed=s) * 0.1) for s, shape in
+        enumerate([(64, 96), (64, 96), (96, 64)], start=2)]
+  plain = lambda x, g, u, d: layers.project(
+      jax.nn.silu(layers.project(x, g, jnp.float32, matmul_dtype))
+      * layers.project(x, u, jnp.float32, matmul_dtype), d, jnp.float32, matmul_dtype)
+  fused = lambda x, g, u, d: layers.swiglu(x, g, u, d, jnp.float32, matmul_dtype)
+  np.testing.assert_array_equal(fused(x, *ws), plain(x, *ws))
+  grads = lambda f: jax.grad(lambda *a: (f(*a) * dy).sum(), argnums=(0, 1, 2, 3))(x, *ws)
+  tol = 1e-5 if matmul_dtype is None else 2e-2  # bfloat16 operands round each product's inputs
+  for got, want in zip(grads(fused), grads(plain)):
+    np.testing.assert_allclose(got, want, atol=tol * float(jnp.abs(want).max()), rtol=0)

@@ -48,8 +48,15 @@ def test_chunked_equals_direct(tied, temperature, seq_chunk, vocab_chunk):
   assert float(jnp.abs(logp[1, :4]).max()) == 0.0  # padding and the first real token of row 1
 
 
-def test_gradients_equal_those_of_the_direct_computation():
-  cfg = model.preset("tiny", tie_embeddings=False)
+@pytest.mark.parametrize("tied,temperature,seq_chunk,vocab_chunk", [
+    (False, 1.0, 4, 96),   # the last vocabulary slice shifted back (256 = 2 * 96 + 64)
+    (True, 0.7, 5, 48),    # the tied [V, D] head; chunks that divide neither T-1 nor V
+    (True, 1.3, 64, 256),  # one sequence chunk, one vocabulary slice
+])
+def test_gradients_equal_those_of_the_direct_computation(tied, temperature, seq_chunk, vocab_chunk):
+  """The hand-written backward of `chunked_logprobs` (log-probs and entropies both weighted)
+  against autodiff through the full logits."""
+  cfg = model.preset("tiny", tie_embeddings=tied)
   llama = model.Llama(cfg, rngs=nnx.Rngs(2))
   tokens, mask = _batch(cfg.vocab_size)
   weights = jax.random.normal(jax.random.key(0), tokens.shape)
@@ -60,8 +67,9 @@ def test_gradients_equal_those_of_the_direct_computation():
       return (weights * logp).sum() + 0.1 * ent.sum()
     return nnx.jit(nnx.grad(f))(llama)
 
-  got = loss(lambda m: model.token_logprobs(m, tokens, mask, seq_chunk=4, vocab_chunk=96))
-  ref = loss(lambda m: _direct(m, tokens, mask, 1.0))
+  got = loss(lambda m: model.token_logprobs(m, tokens, mask, temperature, seq_chunk=seq_chunk,
+                                            vocab_chunk=vocab_chunk))
+  ref = loss(lambda m: _direct(m, tokens, mask, temperature))
   for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
     assert np.all(np.isfinite(g))
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
