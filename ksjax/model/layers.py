@@ -69,10 +69,11 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
 
   The N query heads are grouped onto the K key/value heads without repeating k and v: the G = N/K
   queries of a group and their T positions are stacked into one M = G*T axis, so both products are
-  batched matmuls over (b, k). Keys and values are laid out [B, K, H, S]: with that layout the
-  products and their gradients all take the fast path of XLA's CPU dot (the [B, K, S, H] layout
-  makes the backward pass 3-5x slower; accelerators choose their own layouts). A query row with no
-  visible key (a left-padding position) gets a uniform average; its output is never used.
+  batched matmuls over (b, k). Keys are laid out [B, K, H, S], so the scores are a plain matmul on
+  XLA's CPU dot (under autodiff the [B, K, S, H] layout made the backward pass 3-5x slower; the
+  backward is now written by hand, `_grouped_attention`, and picks its own operand layouts;
+  accelerators choose their own layouts). A query row with no visible key (a left-padding
+  position) gets a uniform average; its output is never used, and no gradient flows through it.
   """
   return attend_bkhs(q_btnh, k_bskh.transpose(0, 2, 3, 1), v_bskh.transpose(0, 2, 3, 1), mask_bts)
 
@@ -119,15 +120,64 @@ def attend_dense(q_btnh: jax.Array, k_bkhs: jax.Array, v_bkhs: jax.Array,
   if v_layout not in ("bkhs", "bksh"):
     raise ValueError(f"v_layout={v_layout!r} is not accepted; expected 'bkhs' or 'bksh'")
   b, t, n, h = q_btnh.shape
-  k, s = k_bkhs.shape[1], k_bkhs.shape[3]
+  k = k_bkhs.shape[1]
   g = n // k
   q_bkmh = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-  scores = jnp.einsum("bkmh,bkhs->bkms", q_bkmh, k_bkhs, preferred_element_type=jnp.float32)
-  scores_bkgts = scores.reshape(b, k, g, t, s) * (h ** -0.5)
-  scores_bkgts = jnp.where(mask_bts[:, None, None], scores_bkgts, jnp.finfo(jnp.float32).min)
-  probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bkhs.dtype).reshape(b, k, g * t, s)
-  out_bkmh = jnp.einsum(f"bkms,{v_layout}->bkmh", probs_bkms, v_bkhs)
+  out_bkmh = _grouped_attention(q_bkmh, k_bkhs, v_bkhs, mask_bts, v_layout)
   return out_bkmh.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _grouped_attention(q_bkmh, k_bkhs, v, mask_bts, v_layout):
+  """softmax(q k / sqrt(H), where mask) v per (b, k) with the G query heads of a group and their
+  T positions stacked in M = G*T; v is [B, K, H, S] or [B, K, S, H] (`v_layout`).
+
+  The backward pass is written by hand (`_grouped_attention_bwd`). Why not autodiff: on XLA's
+  CPU backend it transposed the [B, K, M, S] probabilities and score gradients into copies for
+  the key and value gradients, and took the softmax's gradient in two passes with a reduction
+  over S; at SmolLM2's training shape (64 x 128 rows) a layer's attention forward + backward ran
+  at 97 GFLOP/s against 150 for its projections (benchmarks/real_model.py --parts=train). Here
+  every product is a plain per-(b, k) matmul whose transposed operand is a [M, H] or [S, H]
+  one, and the softmax's gradient is one fused pass, P (dP - rowsum(dO o O)), as in
+  FlashAttention (Dao et al., 2022)."""
+  return _grouped_attention_fwd(q_bkmh, k_bkhs, v, mask_bts, v_layout)[0]
+
+
+def _grouped_attention_fwd(q_bkmh, k_bkhs, v, mask_bts, v_layout):
+  b, kh, m, h = q_bkmh.shape
+  t, s = mask_bts.shape[1], k_bkhs.shape[3]
+  scores = jnp.einsum("bkmh,bkhs->bkms", q_bkmh, k_bkhs, preferred_element_type=jnp.float32)
+  scores_bkgts = scores.reshape(b, kh, m // t, t, s) * (h ** -0.5)
+  scores_bkgts = jnp.where(mask_bts[:, None, None], scores_bkgts, jnp.finfo(jnp.float32).min)
+  probs_bkms = jax.nn.softmax(scores_bkgts, axis=-1).reshape(b, kh, m, s)
+  out_bkmh = jnp.einsum(f"bkms,{v_layout}->bkmh", probs_bkms.astype(v.dtype), v)
+  return out_bkmh, (q_bkmh, k_bkhs, v, mask_bts, probs_bkms, out_bkmh)
+
+
+def _grouped_attention_bwd(v_layout, residuals, dout_bkmh):
+  q_bkmh, k_bkhs, v, mask_bts, probs_bkms, out_bkmh = residuals
+  b, kh, m, h = q_bkmh.shape
+  t, s = mask_bts.shape[1:]
+  f32 = jnp.float32
+  v_bkhs = v if v_layout == "bkhs" else v.swapaxes(2, 3)
+  dprobs = jnp.einsum("bkmh,bkhs->bkms", dout_bkmh, v_bkhs, preferred_element_type=f32)
+  rowsum_bkm = (dout_bkmh.astype(f32) * out_bkmh.astype(f32)).sum(-1)
+  dscores = probs_bkms * (dprobs - rowsum_bkm[..., None]) * (h ** -0.5)
+  # A query that sees no key has uniform probabilities, but its scores are constants (the
+  # forward's `where`): no gradient flows to q or k through them.
+  dscores = jnp.where(mask_bts[:, None, None], dscores.reshape(b, kh, m // t, t, s), 0.0)
+  dscores = dscores.reshape(b, kh, m, s)
+  dq = jnp.einsum("bkms,bksh->bkmh", dscores.astype(q_bkmh.dtype), k_bkhs.swapaxes(2, 3),
+                  preferred_element_type=f32)
+  dk_bkhs = jnp.einsum("bkhm,bkms->bkhs", q_bkmh.swapaxes(2, 3), dscores.astype(q_bkmh.dtype),
+                       preferred_element_type=f32)
+  dv_bkhs = jnp.einsum("bkhm,bkms->bkhs", dout_bkmh.swapaxes(2, 3), probs_bkms.astype(v.dtype),
+                       preferred_element_type=f32)
+  dv = dv_bkhs if v_layout == "bkhs" else dv_bkhs.swapaxes(2, 3)
+  return dq.astype(q_bkmh.dtype), dk_bkhs.astype(k_bkhs.dtype), dv.astype(v.dtype), None
+
+
+_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
 def attend_shared_prompt(q_btnh: jax.Array, pk_pkhs: jax.Array, pv_pksh: jax.Array,

@@ -82,31 +82,56 @@ def test_llama3_scaling_slows_only_low_frequencies():
   assert np.all(scaled <= plain)
 
 
-@pytest.mark.parametrize("kv_heads", [1, 4])
-def test_attention_with_left_padding(kv_heads):
+def _attention_pair(kv_heads):
+  """transformers' LlamaAttention and ours with the same weights, a left-padded batch (row 1
+  starts at column 4), its causal mask as both take it, and both rotary tables."""
   config = _hf_config(kv_heads=kv_heads)
   cfg = _ours(config)
   torch.manual_seed(0)
-  hf = hf_llama.LlamaAttention(config, layer_idx=0).eval()
+  hf = hf_llama.LlamaAttention(config, layer_idx=0)
   ours = layers.Attention(cfg, nnx.Rngs(0))
   d, n, k, h = 64, 4, kv_heads, 16
   ours.q_proj[...] = jnp.asarray(hf.q_proj.weight.detach().numpy().T.reshape(d, n, h))
   ours.k_proj[...] = jnp.asarray(hf.k_proj.weight.detach().numpy().T.reshape(d, k, h))
   ours.v_proj[...] = jnp.asarray(hf.v_proj.weight.detach().numpy().T.reshape(d, k, h))
   ours.o_proj[...] = jnp.asarray(hf.o_proj.weight.detach().numpy().T.reshape(n, h, d))
-
   mask = (np.arange(T)[None] >= np.array([[0], [4]])).astype(np.int32)
   positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
   x = _x(B, T, 64)
   cos, sin = hf_llama.LlamaRotaryEmbedding(config)(_t(x), _t(positions))
   allowed = mask[:, None, :].astype(bool) & np.tril(np.ones((T, T), bool))[None]
   additive = np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)[:, None]
-  with torch.no_grad():
-    ref, _ = hf(_t(x), position_embeddings=(cos, sin), attention_mask=_t(additive))
   our_cos, our_sin = rope.cos_sin(jnp.asarray(positions), rope.inverse_frequencies(16, 10000.0))
-  out = ours(jnp.asarray(x), our_cos, our_sin, jnp.asarray(allowed))
-  real = mask.astype(bool)
+  run_hf = lambda x_t: hf(x_t, position_embeddings=(cos, sin), attention_mask=_t(additive))[0]
+  run_ours = lambda m, x: m(x, our_cos, our_sin, jnp.asarray(allowed))
+  return hf, ours, x, mask.astype(bool), run_hf, run_ours
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_attention_with_left_padding(kv_heads):
+  hf, ours, x, real, run_hf, run_ours = _attention_pair(kv_heads)
+  with torch.no_grad():
+    ref = run_hf(_t(x))
+  out = run_ours(ours, jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(out)[real], ref.numpy()[real], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_gradients_match_torch_autograd(kv_heads):
+  """The hand-written attention backward (`layers._grouped_attention`) and the projections'
+  gradients against torch's autograd through LlamaAttention, for a random linear function of
+  the real (not left-padding) positions' outputs."""
+  hf, ours, x, real, run_hf, run_ours = _attention_pair(kv_heads)
+  dy = _x(B, T, 64, seed=1) * real[..., None]
+  x_t = _t(x).requires_grad_()
+  (run_hf(x_t) * _t(dy)).sum().backward()
+  dx, dparams = jax.grad(lambda x, m: (run_ours(m, x) * dy).sum(), argnums=(0, 1))(
+      jnp.asarray(x), ours)
+  np.testing.assert_allclose(dx, x_t.grad.numpy(), atol=1e-5, rtol=1e-4)
+  for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    want = getattr(hf, name).weight.grad.numpy().T
+    np.testing.assert_allclose(np.asarray(getattr(dparams, name)[...]).reshape(want.shape), want,
+                               atol=1e-4, rtol=1e-4, err_msg=name)
 
 
 def test_mlp():
