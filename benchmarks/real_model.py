@@ -1,7 +1,7 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config]
+    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config,hugepages]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
 
@@ -48,6 +48,10 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             the update 3x the forward; XLA's cost analysis, printed beside it, counts a loop
             body once) over the dense [2048, 2048] matmul rate measured in the same run,
             float32 and with bfloat16 operands (float32 results).
+  hugepages the train part in two child processes, with glibc's malloc on transparent huge
+            pages and without (KSJAX_HUGEPAGES=0), one after the other. This script, like the
+            entry points, re-executes itself with them (`machine.reexec_with_hugepages`); the
+            first line names the GLIBC_TUNABLES each part ran under.
   config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
             sampling, reward, reference, update) and its compilations per step, from a short
             run of the trainer (no held-out evaluation), with config.model.matmul_dtype set to
@@ -75,7 +79,7 @@ from flax import nnx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ksjax import model, sampling  # pylint: disable=wrong-import-position
+from ksjax import machine, model, sampling  # pylint: disable=wrong-import-position
 from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
 from decoding import decode_program, random_prompts, seconds_per_step  # pylint: disable=wrong-import-position
 
@@ -442,6 +446,32 @@ def part_train(llama, cfg, repeats):
              else "") + f" [XLA: {xla / 1e9:.1f} GFLOP, {xla / sec / peak32:.0%}]")
 
 
+def part_hugepages(repeats: int):
+  """The train part in two child processes, one after the other: with glibc's malloc on
+  transparent huge pages (what the entry points and this script re-execute with,
+  `machine.reexec_with_hugepages`) and without (KSJAX_HUGEPAGES=0); each child's update and
+  reference seconds, and their ratios."""
+  import re  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  seconds = {}
+  for name, value in (("without huge pages", "0"), ("with huge pages", "1")):
+    env = {**os.environ, machine.HUGEPAGES_OPT_OUT: value}
+    if value == "0":  # this process runs with the tunable; the child must not inherit it
+      env["GLIBC_TUNABLES"] = ":".join(
+          t for t in env.get("GLIBC_TUNABLES", "").split(":")
+          if t and not t.startswith("glibc.malloc.hugetlb="))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--parts=train",
+                          f"--repeats={repeats}", "--matmul_dtypes=float32"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    seconds[name] = {k: float(v) for k, v in re.findall(
+        r"^\s+(update|reference)\S*[^\n]*?\s([\d.]+) s,", out, re.M)}
+    print(f"[hugepages] {name} (GLIBC_TUNABLES={env.get('GLIBC_TUNABLES') or '(unset)'}):")
+    print("\n".join(line for line in out.splitlines() if line.startswith(("[train]", "  "))))
+  for part in ("update", "reference"):
+    without, with_ = seconds["without huge pages"][part], seconds["with huge pages"][part]
+    print(f"[hugepages] {part}: {without:.2f} s -> {with_:.2f} s, {without / with_:.2f}x faster")
+
+
 def part_config(steps: int, matmul_dtype: str):
   """The time split of configs/smollm2_pass_at_k.py's own steps (the trainer, its task, its
   rewards; no held-out evaluation), from the run's metrics.jsonl."""
@@ -503,9 +533,11 @@ def main():
   llamas = {p: model.with_config(llama32, matmul_dtype=None if p == "float32" else p)
             for p in precisions}
   threads = jax_threads()
+  if "hugepages" in args.parts.split(","):
+    part_hugepages(args.repeats)
   print(f"model: SmolLM2-135M from {os.path.basename(path)}, {cfg.num_params / 1e6:.0f}M "
         f"parameters, float32, matmul operands in {precisions}; devices {jax.devices()}; "
-        f"{threads} CPU threads")
+        f"{threads} CPU threads; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}")
   parts = args.parts.split(",")
   configs = args.configs.split(",")
   if "sample" in parts:
@@ -539,4 +571,5 @@ def main():
 
 
 if __name__ == "__main__":
+  machine.reexec_with_hugepages()  # as the entry points run (machine.hugepages_environment)
   main()

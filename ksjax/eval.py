@@ -20,7 +20,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from ksjax import config_validation, errors
+from ksjax import config_validation, errors, machine
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to an evaluation config (configs/eval.py).", lock_config=True)
@@ -44,4 +44,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  machine.reexec_with_hugepages()  # before jax loads; see machine.hugepages_environment
   app.run(errors.boundary("ksjax.eval", main), flags_parser=config_validation.parse_flags_or_exit)

@@ -1,4 +1,6 @@
-"""One line naming the machine a result came from, for studies' and benchmarks' provenance.
+"""One line naming the machine a result came from, for studies' and benchmarks' provenance; and
+the entry points' re-execution with transparent huge pages for glibc's malloc
+(`reexec_with_hugepages`).
 
 CPU results depend on the machine as much as on the commit: XLA:CPU picks its kernels by the
 instruction set, so a bfloat16 matmul runs on matrix units where the CPU has AMX and is emulated
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 # The flags that decide which matmul kernels XLA:CPU can use, widest first.
 MATMUL_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
@@ -57,3 +60,59 @@ def bfloat16_operand_note(operand_dtype: str, backend: str,
   return ("note: config.model.matmul_dtype='bfloat16' on a CPU without bfloat16 dot instructions "
           "(no amx_bf16 or avx512_bf16): XLA emulates them, slower than float32 here; "
           "--config.model.matmul_dtype=float32 runs them in float32")
+
+
+# glibc's malloc tunable that backs the large blocks it maps with transparent huge pages.
+HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+HUGEPAGES_OPT_OUT = "KSJAX_HUGEPAGES"  # =0 keeps the environment as it is
+
+
+def hugepages_environment(environ: dict[str, str] | None = None,
+                          libc: tuple[str, str] | None = None,
+                          thp_enabled: str = "/sys/kernel/mm/transparent_hugepage/enabled"
+                          ) -> dict[str, str] | None:
+  """The environment to re-execute this process in so that glibc's malloc asks the kernel for
+  transparent huge pages, or None where there is nothing to do: not glibc 2.35 or later (the
+  tunable's first release), huge pages off ('[never]' or no such file), the tunable already in
+  GLIBC_TUNABLES, or KSJAX_HUGEPAGES=0.
+
+  Why: XLA:CPU allocates a program's buffers afresh on every call, glibc maps each large one
+  with mmap and unmaps it when freed, so every call faults its temporaries in again, 4 KiB at a
+  time. On the SmolLM2 update (64 x 128 rows) that was 3.6 million page faults and 23 s of
+  system time per 63 s step; with this tunable 9 thousand faults and 54 s
+  (benchmarks/real_model.py --parts=hugepages). The tunable is read when the process starts,
+  hence the re-execution; nothing else in the environment changes. Why not keep freed memory
+  instead (glibc.malloc.arena_max=1 with mmap_max=0 and a high trim_threshold; as fast): the
+  process then keeps its peak, fragmented, and ran out of this machine's 24 GiB."""
+  environ = dict(os.environ if environ is None else environ)
+  if environ.get(HUGEPAGES_OPT_OUT) == "0":
+    return None
+  name, version = platform.libc_ver() if libc is None else libc
+  try:
+    major, minor = (int(x) for x in version.split(".")[:2])
+  except ValueError:
+    return None
+  if name != "glibc" or (major, minor) < (2, 35):
+    return None
+  try:
+    with open(thp_enabled, encoding="utf-8") as f:
+      if "[never]" in f.read():
+        return None
+  except OSError:
+    return None
+  tunables = environ.get("GLIBC_TUNABLES", "")
+  if "glibc.malloc.hugetlb=" in tunables:
+    return None
+  environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGEPAGES_TUNABLE}" if tunables else HUGEPAGES_TUNABLE
+  return environ
+
+
+def reexec_with_hugepages() -> None:
+  """Re-executes this process (same interpreter, same command line, `sys.orig_argv`) in
+  `hugepages_environment()`, or returns where that is None. For entry points, before jax loads."""
+  environ = hugepages_environment()
+  if environ is None:
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, sys.orig_argv, environ)
