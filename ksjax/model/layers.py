@@ -297,8 +297,8 @@ def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
   b, t, d = x_btd.shape
   f = g_btf.shape[-1]
   mm = lambda spec, a, w: project(a, w, dtype, matmul_dtype, spec)
-  sig_mf = jax.nn.sigmoid(g_btf.reshape(b * t, f))
   g_mf, u_mf = g_btf.reshape(b * t, f), u_btf.reshape(b * t, f)
+  sig_mf = jax.nn.sigmoid(g_mf)
   silu_mf = g_mf * sig_mf
   dy_md = dy_btd.reshape(b * t, d).astype(dtype)
   dhidden_mf = mm("md,fd->mf", dy_md, down_fd)

@@ -69,8 +69,8 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
     w_split = w.reshape(shards, vs, d)  # [S, V/S, D]
   else:
     w_split = w.reshape(d, shards, vs)  # [D, S, V/S]
-  geometry = _Chunks(vocab_axis=vocab_axis, vc=vc, vs=vs, inv_temp=1.0 / temperature,
-                     operand_dtype=jnp.dtype(operand_dtype))
+  geometry = _Chunks(vocab_axis=vocab_axis, shards=shards, vc=vc, vs=vs,
+                     inv_temp=1.0 / temperature, operand_dtype=jnp.dtype(operand_dtype))
   logp_kbc, ent_kbc = _chunks(geometry, h_kbcd, w_split, tgt_kbc)
   unchunk = lambda x: x.transpose(1, 0, 2).reshape(b, n_chunks * c)[:, :n]
   return unchunk(logp_kbc), unchunk(ent_kbc)
@@ -78,10 +78,11 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
 
 @dataclasses.dataclass(frozen=True)
 class _Chunks:
-  """The static geometry of `chunked_logprobs`' loops: the head's vocabulary axis in the split
-  view (`w_split`), the slice width `vc` and the columns per shard `vs`, 1 / temperature, and the
-  products' operand dtype."""
+  """The static geometry of `chunked_logprobs`' loops: the head's vocabulary axis, the shards S
+  of the split view (`w_split`), the slice width `vc` and the columns per shard `vs`,
+  1 / temperature, and the products' operand dtype."""
   vocab_axis: int
+  shards: int
   vc: int
   vs: int
   inv_temp: float
@@ -91,24 +92,31 @@ class _Chunks:
   def n_vocab(self) -> int:
     return -(-self.vs // self.vc)
 
+  @property
   def slice_axis(self) -> int:
+    """The axis of `w_split` the vocabulary slices are taken along."""
     return 1 if self.vocab_axis == 0 else 2
+
+  @property
+  def w_axes(self) -> str:
+    """`w_split`'s axes in einsum letters: [S, V/S, D] or [D, S, V/S]."""
+    return "svd" if self.vocab_axis == 0 else "dsv"
 
   def logits(self, h_bcd: jax.Array, w_split: jax.Array, i: jax.Array):
     """Slice i's float32 logits [B, C, S, Vc] / temperature, its weight slice (operand dtype),
     its start column within each shard, and which of its columns it is the first to see (the
     last slice is shifted back to stay in range; columns already seen are not fresh)."""
     start = jnp.minimum(i * self.vc, self.vs - self.vc)
-    w_slice = jax.lax.dynamic_slice_in_dim(w_split, start, self.vc, axis=self.slice_axis())
+    w_slice = jax.lax.dynamic_slice_in_dim(w_split, start, self.vc, axis=self.slice_axis)
     w_slice = w_slice.astype(self.operand_dtype)
-    spec = "bcd,svd->bcsv" if self.vocab_axis == 0 else "bcd,dsv->bcsv"
-    z_bcsv = jnp.einsum(spec, h_bcd, w_slice, preferred_element_type=jnp.float32) * self.inv_temp
+    z_bcsv = jnp.einsum(f"bcd,{self.w_axes}->bcsv", h_bcd, w_slice,
+                        preferred_element_type=jnp.float32) * self.inv_temp
     local_v = start + jnp.arange(self.vc)
     return z_bcsv, w_slice, start, local_v, local_v >= i * self.vc
 
-  def hits(self, tgt_bc: jax.Array, local_v: jax.Array, fresh_v: jax.Array, shards: int):
+  def hits(self, tgt_bc: jax.Array, local_v: jax.Array, fresh_v: jax.Array):
     """[B, C, S, Vc]: where a fresh column is the row's target."""
-    col_sv = (jnp.arange(shards) * self.vs)[:, None] + local_v[None, :]
+    col_sv = (jnp.arange(self.shards) * self.vs)[:, None] + local_v[None, :]
     return (col_sv == tgt_bc[..., None, None]) & fresh_v
 
 
@@ -117,7 +125,6 @@ def _chunks_forward(g: _Chunks, h_kbcd, w_split, tgt_kbc):
   sequence chunk (`lax.map`) a scan over the vocabulary slices that accumulates the running max,
   sum of exponentials, sum of exp * logit and the target's logit (rescaled online, as in flash
   attention)."""
-  shards = w_split.shape[g.vocab_axis]  # [S, V/S, D] or [D, S, V/S]
 
   def chunk(args):
     h_bcd, tgt_bc = args
@@ -132,7 +139,7 @@ def _chunks_forward(g: _Chunks, h_kbcd, w_split, tgt_kbc):
       e_bcsv = jnp.exp(z_bcsv - m_new[..., None, None])
       s_bc = s_bc * rescale + e_bcsv.sum((-2, -1))
       zs_bc = zs_bc * rescale + jnp.where(fresh_v, e_bcsv * z_bcsv, 0.0).sum((-2, -1))
-      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v, shards)
+      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v)
       chosen_bc = chosen_bc + jnp.where(hit_bcsv, z_bcsv, 0.0).sum((-2, -1))
       return (m_new, s_bc, zs_bc, chosen_bc), None
 
@@ -165,8 +172,6 @@ def _chunks_bwd(g: _Chunks, residuals, cotangents):
   ([D, B*C] x [B*C, S*Vc]): both plain matmuls, no transposed copy of dz."""
   h_kbcd, w_split, tgt_kbc, lse_kbc, ent_kbc = residuals
   glogp_kbc, gent_kbc = cotangents
-  shards = w_split.shape[g.vocab_axis]  # [S, V/S, D] or [D, S, V/S]
-  axis = g.slice_axis()
   _, b, c, d = h_kbcd.shape
 
   def chunk(dw, args):
@@ -178,22 +183,18 @@ def _chunks_bwd(g: _Chunks, residuals, cotangents):
       dh_bcd, dw = carry
       z_bcsv, w_slice, start, local_v, fresh_v = g.logits(h_bcd, w_split, i)
       p_bcsv = jnp.where(fresh_v, jnp.exp(z_bcsv - col(lse_bc)), 0.0)
-      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v, shards)
+      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v)
       dz_bcsv = (col(glogp_bc) * (hit_bcsv - p_bcsv)
                  - col(gent_bc) * p_bcsv * (z_bcsv - col(lse_bc) + col(ent_bc)))
       dz_bcsv = (dz_bcsv * g.inv_temp).astype(g.operand_dtype)
-      if g.vocab_axis == 0:  # w_slice [S, Vc, D]
-        dh_bcd += jnp.einsum("bcsv,svd->bcd", dz_bcsv, w_slice, preferred_element_type=jnp.float32)
-        dw_dsv = jnp.einsum("dm,msv->dsv", h_dm, dz_bcsv.reshape(b * c, shards, g.vc),
-                            preferred_element_type=jnp.float32)
-        dw_slice = dw_dsv.transpose(1, 2, 0)
-      else:  # w_slice [D, S, Vc]
-        dh_bcd += jnp.einsum("bcsv,dsv->bcd", dz_bcsv, w_slice, preferred_element_type=jnp.float32)
-        dw_slice = jnp.einsum("dm,msv->dsv", h_dm, dz_bcsv.reshape(b * c, shards, g.vc),
-                              preferred_element_type=jnp.float32)
+      dh_bcd += jnp.einsum(f"bcsv,{g.w_axes}->bcd", dz_bcsv, w_slice,
+                           preferred_element_type=jnp.float32)
+      dw_dsv = jnp.einsum("dm,msv->dsv", h_dm, dz_bcsv.reshape(b * c, g.shards, g.vc),
+                          preferred_element_type=jnp.float32)
+      dw_slice = dw_dsv.transpose(1, 2, 0) if g.vocab_axis == 0 else dw_dsv  # w_split's layout
       # The shifted last slice's stale columns have dz = 0: adding is exact.
-      old = jax.lax.dynamic_slice_in_dim(dw, start, g.vc, axis=axis)
-      dw = jax.lax.dynamic_update_slice_in_dim(dw, old + dw_slice, start, axis=axis)
+      old = jax.lax.dynamic_slice_in_dim(dw, start, g.vc, axis=g.slice_axis)
+      dw = jax.lax.dynamic_update_slice_in_dim(dw, old + dw_slice, start, axis=g.slice_axis)
       return (dh_bcd, dw), None
 
     init = (jnp.zeros(h_bcd.shape, jnp.float32), dw)
