@@ -135,8 +135,9 @@ def jemalloc_environment(library: str, environ: dict[str, str] | None = None) ->
   against 65.7 s with glibc on huge pages and 73.8 s with glibc as it is (74%, 62% and 54% of
   each process's dense matmul rate), with a peak resident memory of 17.0 GiB against glibc's
   16.5; the SmolLM2 config's trainer peaked at 10.3 GiB against 7.3 (it keeps what each program
-  freed), for 24.7 s per step against 28.4. With jemalloc's default decay (pages handed back after about 10 s) the update took
-  69.2 s, no faster than glibc on huge pages."""
+  freed), for 24.7 s per step against 28.4. With jemalloc's default decay (pages handed back
+  after about 10 s) the update took 69.2 s, and with a 30 s decay 68.6 s: no faster than glibc
+  on huge pages, so the decay is off."""
   environ = dict(os.environ if environ is None else environ)
   preload = environ.get("LD_PRELOAD", "")
   environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
