@@ -600,5 +600,5 @@ def main():
 
 
 if __name__ == "__main__":
-  machine.reexec_with_allocator("real_model.py")  # as the entry points run (machine.malloc_environment)
+  machine.reexec_with_allocator("real_model.py")  # as the entry points do (malloc_environment)
   main()

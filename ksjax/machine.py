@@ -67,6 +67,7 @@ HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 # KSJAX_MALLOC: which allocator the entry points re-execute with (`malloc_environment`).
 MALLOC_CHOICE = "KSJAX_MALLOC"
 MALLOC_CHOICES = ("auto", "jemalloc", "glibc", "off")
+_ACCEPTED = f"{', '.join(MALLOC_CHOICES)}, or the path of a jemalloc shared library"
 # jemalloc's settings: transparent huge pages for its extents and metadata, and freed pages kept
 # for reuse instead of handed back to the kernel after 10 s (the default decay). A caller's own
 # MALLOC_CONF wins.
@@ -76,6 +77,12 @@ JEMALLOC_CONF = "thp:always,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-
 def _preloaded(environ: dict[str, str]) -> list[str]:
   """The libraries LD_PRELOAD names (ld.so splits it at colons and at spaces)."""
   return [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+
+
+def _is_allocator(library: str, environ: dict[str, str]) -> bool:
+  """Whether a preloaded library replaces malloc: one named *malloc* (jemalloc, tcmalloc,
+  mimalloc), or the library KSJAX_MALLOC names by path."""
+  return "malloc" in os.path.basename(library) or library == environ.get(MALLOC_CHOICE)
 
 
 def find_jemalloc() -> str | None:
@@ -157,34 +164,27 @@ def malloc_environment(environ: dict[str, str] | None = None,
     a path          that jemalloc library (e.g. one unpacked from a distribution's package);
     glibc           glibc on huge pages only;
     off             nothing.
-  Nothing either off Linux (LD_PRELOAD is ld.so's), where LD_PRELOAD already holds the chosen
-  library (this process is the re-execution), or where it holds any library named *malloc* (the
-  user preloads their own allocator). `jemalloc` stands in for `find_jemalloc()` in tests.
+  Nothing either off Linux (LD_PRELOAD is ld.so's), or where LD_PRELOAD already holds an
+  allocator (`_is_allocator`): the chosen one (this process is the re-execution) or the user's
+  own. `jemalloc` stands in for `find_jemalloc()` in tests.
   Raises ValueError, one line, on any other value or a path that is not a file."""
   environ = dict(os.environ if environ is None else environ)
   choice = environ.get(MALLOC_CHOICE, "auto") or "auto"
-  if os.sep in choice:
-    if not os.path.isfile(choice):
-      raise ValueError(f"{MALLOC_CHOICE}={choice!r}: no such file; accepted: "
-                       f"{', '.join(MALLOC_CHOICES)}, or the path of a jemalloc shared library")
-  elif choice not in MALLOC_CHOICES:
-    raise ValueError(f"{MALLOC_CHOICE}={choice!r} is not accepted; expected one of "
-                     f"{', '.join(MALLOC_CHOICES)}, or the path of a jemalloc shared library")
-  preloaded = _preloaded(environ)
+  is_path = os.sep in choice
+  if is_path and not os.path.isfile(choice):
+    raise ValueError(f"{MALLOC_CHOICE}={choice!r}: no such file; accepted: {_ACCEPTED}")
+  if not is_path and choice not in MALLOC_CHOICES:
+    raise ValueError(f"{MALLOC_CHOICE}={choice!r} is not accepted; expected one of {_ACCEPTED}")
   if (choice == "off" or not sys.platform.startswith("linux")
-      or any("malloc" in os.path.basename(p) for p in preloaded)):
+      or any(_is_allocator(p, environ) for p in _preloaded(environ))):
     return None
-  if choice in ("auto", "jemalloc") or os.sep in choice:
-    library = choice if os.sep in choice else (jemalloc if jemalloc is not None
-                                               else find_jemalloc())
-    if library and library in preloaded:  # this process is the re-execution
-      return None
+  if is_path or choice in ("auto", "jemalloc"):
+    library = choice if is_path else jemalloc if jemalloc is not None else find_jemalloc()
     if library:
       return jemalloc_environment(library, environ)
     if choice == "jemalloc":
       raise ValueError(f"{MALLOC_CHOICE}=jemalloc: no jemalloc library found (Debian and "
-                       "Ubuntu: apt install libjemalloc2); accepted: "
-                       f"{', '.join(MALLOC_CHOICES)}, or the path of a jemalloc shared library")
+                       f"Ubuntu: apt install libjemalloc2); accepted: {_ACCEPTED}")
   return hugepages_environment(environ, libc, thp_enabled)
 
 
@@ -205,13 +205,11 @@ def reexec_with_allocator(program: str) -> None:
 
 
 def without_allocator(environ: dict[str, str]) -> dict[str, str]:
-  """`environ` less what `malloc_environment` adds (the preloaded allocator, KSJAX_MALLOC's
-  library among them, JEMALLOC_CONF, the huge-pages tunable): for a child process that must choose its allocator afresh, such as the
+  """`environ` less what `malloc_environment` adds (the preloaded allocator, JEMALLOC_CONF, the
+  huge-pages tunable): for a child process that must choose its allocator afresh, such as the
   benchmark's runs under each one."""
   environ = dict(environ)
-  chosen = environ.get(MALLOC_CHOICE, "")
-  preload = [p for p in _preloaded(environ)
-             if "malloc" not in os.path.basename(p) and p != chosen]
+  preload = [p for p in _preloaded(environ) if not _is_allocator(p, environ)]
   environ.pop("LD_PRELOAD", None)
   if preload:
     environ["LD_PRELOAD"] = ":".join(preload)
@@ -225,10 +223,11 @@ def without_allocator(environ: dict[str, str]) -> dict[str, str]:
 
 
 def allocator_line(environ: dict[str, str] | None = None) -> str:
-  """What this process allocates with, for benchmarks' first line: e.g. 'malloc: jemalloc
-  (libjemalloc.so.2, MALLOC_CONF=...)' or 'malloc: glibc, GLIBC_TUNABLES=glibc.malloc.hugetlb=1'."""
+  """What this process allocates with, for benchmarks' first line: e.g. 'malloc:
+  libjemalloc.so.2 preloaded, MALLOC_CONF=...' or 'malloc: glibc,
+  GLIBC_TUNABLES=glibc.malloc.hugetlb=1'."""
   environ = os.environ if environ is None else environ
-  preloaded = [p for p in _preloaded(environ) if "malloc" in os.path.basename(p)]
+  preloaded = [p for p in _preloaded(environ) if _is_allocator(p, environ)]
   if preloaded:
     return (f"malloc: {os.path.basename(preloaded[0])} preloaded, "
             f"MALLOC_CONF={environ.get('MALLOC_CONF') or '(unset)'}")
