@@ -116,6 +116,9 @@ def gather(obj: Any) -> list[Any]:
   """[obj of process 0, obj of process 1, ...] on every process (any picklable value).
 
   multihost_utils moves arrays only; objects travel as their pickles, padded to a common length.
+  Pickles are safe here, unlike in a file: the bytes go from one process of this job to another
+  (the same program, in memory, over the job's own collectives) and are never written to or read
+  from disk, so nothing outside the job can supply them.
   """
   if jax.process_count() == 1:
     return [obj]

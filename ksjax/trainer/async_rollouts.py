@@ -32,13 +32,30 @@ and the losses already weigh by truncated importance weights (config.is_cap; con
 loop logs the lag (async/lag) and the weights' mean, max and truncated fraction (is/*).
 
 Exact resume. At a checkpoint the rollouts started ahead (steps s..s+L-1 after step s's update)
-are waited for and written beside it (`save_pending`, `<workdir>/rollouts/<step>.pkl`) before
+are waited for and written beside it (`save_pending`, `<workdir>/rollouts/<step>.rollouts`) before
 Orbax saves the data iterator, which the idle worker no longer moves; a resumed run takes them
-back (`load_pending`) and continues the key chain after them. They are pickled because a rollout
-holds the task's `Prompt` objects, whose `reference` is whatever the task scores against. Rollouts
-are started L steps ahead whatever num_steps is, so that a run stopped at num_steps (or by its
-CPU budget) and resumed with more steps continues exactly as one run would; the price is L
-rollouts sampled and not used at the end of a run.
+back (`load_pending`) and continues the key chain after them. Rollouts are started L steps ahead
+whatever num_steps is, so that a run stopped at num_steps (or by its CPU budget) and resumed with
+more steps continues exactly as one run would; the price is L rollouts sampled and not used at
+the end of a run.
+
+The rollouts file holds data only, so that a run directory (copied, shared, downloaded) cannot
+run code in the process that resumes from it: a header line `ksjax-rollouts 2 sha256 <hex>`, then
+an npz archive (`np.savez`, read back with `allow_pickle=False`) whose member "structure" is UTF-8
+JSON, {"step": s, "objects": [...], "pending": [{"step", "params_step", "result"}, ...]}, and
+whose other members, "0", "1", ..., are the arrays it names. In the JSON, null, booleans, ints,
+strings, lists and finite floats (Python's repr, which reads back to the same bits) stand for
+themselves, and an object with one key is a node: {"tuple": [...]}, {"dict": [[key, value], ...]}
+(keys of any type), {"float": "nan"} (or "inf", "-inf"), {"array": i} (member i, dtype and bits as
+saved; arrays of Python objects are neither written nor read), {"scalar": i} (a numpy scalar,
+member i 0-d) or {"object": i}, entry i of "objects": an instance of one of a fixed list of
+dataclasses (`Drawn`, `Rollout`, `Prompt`) as its class name and fields, listed after the entries
+it refers to, so that an object met twice (a `Drawn` whose `update` is its `sampled`) is written
+once and read back as one. That is all a step's rollout holds: arrays, prompts (whose `reference`
+is task data: strings, numbers, lists and dicts of them) and the worker's seconds per phase. A
+value of any other type fails the save by name instead of being written in a form whose reading
+would run code; a file of any other form is refused by name, unread, the pickled `<step>.pkl` that
+ksjax wrote before this format included.
 """
 
 from __future__ import annotations
@@ -47,27 +64,40 @@ import concurrent.futures
 import dataclasses
 import glob
 import hashlib
+import io
+import json
 import math
 import os
-import pickle
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from ksjax import files, model
 from ksjax.config_validation import ConfigError
-from ksjax.run.checkpoints import ChecksumError
+from ksjax.run.checkpoints import CheckpointInputError, ChecksumError
 from ksjax.run.spec import TrainSpec
+from ksjax.tasks.base import Prompt
 from ksjax.trainer import dynamic
+from ksjax.trainer.rollout import Rollout
 
 ROLLOUTS_DIR = "rollouts"  # beside `checkpoints` in the work directory
-# A rollouts file is this header line with the sha256 of the pickle that follows it, so that a
-# file changed after it was written (a disk error, a copy cut short) is refused by name instead
-# of unpickled into a wrong resume. Checkpoints carry a manifest (run/checkpoints.py); this file
-# lives beside them, written at the same step, so it carries its own digest.
-_HEADER = b"ksjax-rollouts 1 sha256 "
+SUFFIX = ".rollouts"
+_PICKLED_SUFFIX = ".pkl"  # what ksjax wrote before the data-only format: refused, never read
+# A rollouts file is this header line with the sha256 of the npz archive that follows it, so that
+# a file changed after it was written (a disk error, a copy cut short) is refused by name instead
+# of read into a wrong resume. Checkpoints carry a manifest (run/checkpoints.py); this file lives
+# beside them, written at the same step, so it carries its own digest. The digest detects damage,
+# not tampering (whoever can edit the file can edit the digest too): that the file cannot run
+# code comes from its format, data only (module docstring).
+_HEADER = b"ksjax-rollouts 2 sha256 "
+_STRUCTURE = "structure"  # the npz member holding the JSON; the arrays are "0", "1", ...
+# The only classes a rollouts file can make, by name: what a step's rollout is built of.
+_CLASSES: dict[str, type] = {"Drawn": dynamic.Drawn, "Rollout": Rollout, "Prompt": Prompt}
+_NAMES = {cls: name for name, cls in _CLASSES.items()}
 
 
 def meshes(spec: TrainSpec) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh | None]:
@@ -201,15 +231,128 @@ class Rollouts:
 
 
 def rollouts_path(workdir: str, step: int) -> str:
-  return os.path.join(workdir, ROLLOUTS_DIR, f"{step}.pkl")
+  return os.path.join(workdir, ROLLOUTS_DIR, f"{step}{SUFFIX}")
+
+
+class _Encoder:
+  """Turns values into the JSON nodes of the module docstring, collecting arrays and objects."""
+
+  def __init__(self):
+    self.arrays: list[np.ndarray] = []
+    self.objects: list[dict[str, Any]] = []
+    self._array_index: dict[int, int] = {}   # id(array) -> member; `arrays` keeps them alive
+    self._object_index: dict[int, int] = {}  # id(object) -> entry of `objects`
+    self._alive: list[Any] = []               # the objects indexed by id, kept alive likewise
+
+  def node(self, x: Any) -> Any:
+    kind = type(x)
+    if x is None or kind in (bool, int, str):
+      return x
+    if kind is float:
+      return x if math.isfinite(x) else {"float": repr(x)}  # repr: 'nan', 'inf' or '-inf'
+    if kind is list:
+      return [self.node(v) for v in x]
+    if kind is tuple:
+      return {"tuple": [self.node(v) for v in x]}
+    if kind is dict:
+      return {"dict": [[self.node(k), self.node(v)] for k, v in x.items()]}
+    if kind is np.ndarray:
+      if id(x) not in self._array_index:
+        self._array_index[id(x)] = self._array(x)
+      return {"array": self._array_index[id(x)]}
+    if isinstance(x, np.generic):
+      return {"scalar": self._array(np.asarray(x))}
+    if kind in _NAMES:
+      if id(x) not in self._object_index:
+        fields = {f.name: self.node(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        self.objects.append({"class": _NAMES[kind], "fields": fields})
+        self._object_index[id(x)] = len(self.objects) - 1
+        self._alive.append(x)
+      return {"object": self._object_index[id(x)]}
+    raise TypeError(f"a rollout holds a {kind.__module__}.{kind.__qualname__}, which a rollouts "
+                    "file does not store; it stores None, bool, int, float, str, list, tuple, "
+                    f"dict, numpy arrays (not of objects) and scalars, and {', '.join(_CLASSES)}")
+
+  def _array(self, x: np.ndarray) -> int:
+    if x.dtype.hasobject:
+      raise TypeError(f"a rollout holds an array of dtype {x.dtype}, which a rollouts file does "
+                      "not store (its elements are Python objects); expected numeric, bool or "
+                      "string arrays")
+    self.arrays.append(x)
+    return len(self.arrays) - 1
+
+
+class _Decoder:
+  """The values of the JSON nodes of a rollouts file, whose arrays are `archive`'s members."""
+
+  def __init__(self, archive: np.lib.npyio.NpzFile):
+    self._archive = archive
+    self._arrays: dict[int, np.ndarray] = {}  # one array object per member, as it was saved
+    self.objects: list[Any] = []
+
+  def node(self, node: Any) -> Any:
+    kind = type(node)
+    if node is None or kind in (bool, int, float, str):
+      return node
+    if kind is list:
+      return [self.node(v) for v in node]
+    if kind is not dict or len(node) != 1:
+      raise ValueError(f"a JSON object of keys {sorted(node)} is not a node" if kind is dict
+                       else f"a {kind.__name__} is not a node")
+    (tag, value), = node.items()
+    if tag == "tuple" and type(value) is list:
+      return tuple(self.node(v) for v in value)
+    if tag == "dict" and type(value) is list and all(
+        type(pair) is list and len(pair) == 2 for pair in value):
+      return {self.node(k): self.node(v) for k, v in value}
+    if tag == "float" and value in ("nan", "inf", "-inf"):
+      return float(value)
+    if tag == "array" and type(value) is int:
+      return self._array(value)
+    if tag == "scalar" and type(value) is int and self._array(value).ndim == 0:
+      return self._array(value)[()]
+    if tag == "object" and type(value) is int and 0 <= value < len(self.objects):
+      return self.objects[value]  # only objects listed earlier: no cycles, no forward references
+    raise ValueError(f"node {{{tag!r}: ...}} is not one of tuple, dict, float, array, scalar, "
+                     "object (of an earlier entry)")
+
+  def add_object(self, entry: Any) -> None:
+    if type(entry) is not dict or set(entry) != {"class", "fields"}:
+      raise ValueError("an entry of 'objects' is not {'class': ..., 'fields': ...}")
+    cls = _CLASSES.get(entry["class"]) if type(entry["class"]) is str else None
+    if cls is None:
+      raise ValueError(f"class {str(entry['class'])[:80]!r} is not one of {', '.join(_CLASSES)}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    fields = entry["fields"]
+    if type(fields) is not dict or sorted(fields) != sorted(names):
+      raise ValueError(f"the fields of a {entry['class']} are not {', '.join(names)}")
+    self.objects.append(cls(**{name: self.node(v) for name, v in fields.items()}))
+
+  def _array(self, member: int) -> np.ndarray:
+    if member not in self._arrays:
+      array = self._archive[str(member)]  # KeyError if absent; ValueError for an object array
+      if type(array) is not np.ndarray:
+        raise ValueError(f"member {member} is not an .npy array")
+      self._arrays[member] = array
+    return self._arrays[member]
 
 
 def save_pending(workdir: str, step: int, pending: list[Pending], keep_from: int | None) -> None:
-  """Writes the rollouts started ahead of checkpoint `step` (atomically), and removes those of
-  checkpoints older than `keep_from` (the oldest step the checkpointer keeps)."""
+  """Writes the rollouts started ahead of checkpoint `step` (atomically, data only: module
+  docstring), and removes those of checkpoints older than `keep_from` (the oldest step the
+  checkpointer keeps)."""
   os.makedirs(os.path.join(workdir, ROLLOUTS_DIR), exist_ok=True)
-  data = [(p.step, p.params_step, p.get()) for p in pending]
-  payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+  encoder = _Encoder()
+  rollouts = [{"step": p.step, "params_step": p.params_step, "result": encoder.node(p.get())}
+              for p in pending]
+  # ensure_ascii (the default) escapes every non-ASCII character, lone surrogates included, so
+  # any str reads back as it was.
+  structure = json.dumps({"step": step, "objects": encoder.objects, "pending": rollouts},
+                         allow_nan=False).encode()
+  buffer = io.BytesIO()
+  np.savez(buffer, **{_STRUCTURE: np.frombuffer(structure, np.uint8)},
+           **{str(i): a for i, a in enumerate(encoder.arrays)})
+  payload = buffer.getvalue()
 
   def write(tmp: str) -> None:
     with open(tmp, "wb") as f:
@@ -217,30 +360,67 @@ def save_pending(workdir: str, step: int, pending: list[Pending], keep_from: int
       f.write(payload)
 
   files.atomic_write(rollouts_path(workdir, step), write)
-  for path in glob.glob(os.path.join(workdir, ROLLOUTS_DIR, "*.pkl")):
-    name = os.path.basename(path)[:-4]
-    if name.isdigit() and keep_from is not None and int(name) < keep_from:
-      os.remove(path)
+  if keep_from is None:
+    return
+  for suffix in (SUFFIX, _PICKLED_SUFFIX):  # old pickles too: no resume reads them any more
+    for path in glob.glob(os.path.join(workdir, ROLLOUTS_DIR, f"*{suffix}")):
+      name = os.path.basename(path)[:-len(suffix)]
+      if name.isdigit() and int(name) < keep_from:
+        os.remove(path)
 
 
 def load_pending(workdir: str, step: int) -> list[Pending] | None:
-  """The rollouts checkpoint `step` saved, or None if it has none (a lockstep checkpoint)."""
+  """The rollouts checkpoint `step` saved, or None if it has none (a lockstep checkpoint).
+
+  Raises CheckpointInputError (ChecksumError for a damaged file), one line naming the file: for
+  a file that is not the data-only format `save_pending` writes, a pickled one included, which
+  is refused unread, since unpickling a file can run any code it names."""
   path = rollouts_path(workdir, step)
+  fix = (f"; expected the file the run wrote at checkpoint {step}. Delete it to resume from "
+         f"step {step} with rollouts sampled afresh (not an exact resume)")
   if not os.path.exists(path):
+    pickled = os.path.join(workdir, ROLLOUTS_DIR, f"{step}{_PICKLED_SUFFIX}")
+    if os.path.exists(pickled):
+      raise CheckpointInputError(
+          f"{pickled}: pickled rollouts are not accepted (unpickling a file can run any code it "
+          f"names), so it was not read; expected {path}, the data-only rollouts file ksjax "
+          f"writes now. Delete it to resume from step {step} with rollouts sampled afresh (not "
+          "an exact resume)")
     return None
   with open(path, "rb") as f:
     raw = f.read()
   head, _, payload = raw.partition(b"\n")
-  fix = (f"; expected the file the run wrote at checkpoint {step}. Delete it to resume from "
-         f"step {step} with rollouts sampled afresh (not an exact resume)")
   if not head.startswith(_HEADER):
     raise ChecksumError(f"{path}: not a ksjax rollouts file (no '{_HEADER.decode().strip()}' "
                         f"header){fix}")
   if hashlib.sha256(payload).hexdigest().encode() != head[len(_HEADER):]:
     raise ChecksumError(f"{path}: the rollouts differ from their sha256 (changed or cut short "
                         f"after they were written){fix}")
-  data = pickle.loads(payload)  # the run's own file, written by `save_pending`, digest checked
-  return [Pending(s, params_step, result) for s, params_step, result in data]
+  try:
+    if not payload.startswith(b"PK\x03\x04"):  # else np.load would take it for .npy or a pickle
+      raise ValueError("not an npz archive")
+    with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
+      structure = json.loads(bytes(archive[_STRUCTURE]).decode())
+      if type(structure) is not dict or set(structure) != {"step", "objects", "pending"}:
+        raise ValueError("its JSON is not {'step': ..., 'objects': [...], 'pending': [...]}")
+      if structure["step"] != step:
+        raise ValueError(f"it holds the rollouts of checkpoint {structure['step']!r}")
+      decoder = _Decoder(archive)
+      for entry in structure["objects"]:
+        decoder.add_object(entry)
+      out = []
+      for entry in structure["pending"]:
+        if (type(entry) is not dict or set(entry) != {"step", "params_step", "result"}
+            or type(entry["step"]) is not int or type(entry["params_step"]) is not int):
+          raise ValueError("an entry of 'pending' is not {'step': int, 'params_step': int, "
+                           "'result': ...}")
+        out.append(Pending(entry["step"], entry["params_step"], decoder.node(entry["result"])))
+  except (ValueError, TypeError, KeyError, IndexError, OSError, EOFError, RecursionError,
+          zipfile.BadZipFile) as e:  # (JSON and UTF-8 errors are ValueErrors)
+    reason = " ".join(str(e).split())[:200] or type(e).__name__
+    raise CheckpointInputError(f"{path}: not the data-only rollouts file ksjax writes ({reason})"
+                               f"{fix}") from None
+  return out
 
 
 __all__ = ["Pending", "Rollouts", "load_pending", "meshes", "next_keys", "save_pending"]

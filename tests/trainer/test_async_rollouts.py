@@ -1,24 +1,31 @@
 """Asynchronous rollouts (`ksjax.trainer.async_rollouts`): the importance correction of a lagged
 sampler, shown exact on the softmax bandit; lockstep (max_lag=0) unchanged bit for bit; a run with
-rollouts in flight resumed exactly; the sub-mesh split and its config errors."""
+rollouts in flight resumed exactly; the sub-mesh split and its config errors; the rollouts file,
+data only: read back bit for bit, refused when damaged or when it would run code."""
 
 import dataclasses
+import hashlib
+import io
 import itertools
+import json
 import os
+import pickle
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ksjax import objectives
+from ksjax import errors, objectives
 from ksjax.bandit import exact
 from ksjax.bandit.variants import Variant
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints
 from ksjax.run import spec as spec_lib
 from ksjax.run.directory import RunDirectory
-from ksjax.trainer import async_rollouts, loop, losses, memory_plan, metrics
+from ksjax.tasks.base import Prompt
+from ksjax.trainer import async_rollouts, dynamic, loop, losses, memory_plan, metrics
+from ksjax.trainer.rollout import Rollout
 from tests.trainer.test_run import _final_params, _tiny_config
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +189,7 @@ def test_rollouts_ahead_log_their_lag_and_resume_exactly_with_rollouts_in_flight
   loop.run(_tiny_config(straight, **ASYNC))
   # Stopped after step 2 with the rollout of step 3 (and 4, sampled ahead) in flight.
   loop.run(_tiny_config(stopped, **{**ASYNC, "num_steps": 2}))
+  assert sorted(os.listdir(stopped / async_rollouts.ROLLOUTS_DIR)) == ["1.rollouts", "2.rollouts"]
   loop.run(_tiny_config(stopped, **{**ASYNC, "resume": True}))
   a, b = _lines(straight), _lines(stopped)
   assert [line["async/lag"] for line in a] == [0.0, 1.0, 1.0, 1.0]
@@ -262,3 +270,146 @@ def test_saved_rollouts_load_back_and_a_changed_file_is_refused_by_name(tmp_path
     with pytest.raises(checkpoints.ChecksumError, match=match) as e:
       async_rollouts.load_pending(workdir, 6)
     assert path in str(e.value) and "Delete it to resume from step 6" in str(e.value)
+
+
+def _drawn() -> dynamic.Drawn:
+  """A step's rollout as dynamic sampling makes one (an update of kept and padding groups beside
+  what was sampled), with every kind of value a rollouts file stores."""
+  rng = np.random.default_rng(3)
+  prompts = (
+      Prompt("a", "1+2=", (1, 5, 9), {"level": 1, "weight": 0.5}, "3", "1+2=3"),
+      Prompt("b", "f(x)", (1, 7), {"level": "hard"},
+             {"tests": [{"input": [[1, 2], None, True], "output": "3\n"}], "fn_name": None,
+              "time_limit_s": 1.5, "memory_limit_bytes": 2 << 40, 7: (-0.0, float("inf"))},
+             None))
+  rows, columns = 4, 6
+  sampled = Rollout(
+      prompts=prompts, tokens_rt=rng.integers(0, 50, (rows, columns), np.int32),
+      attention_mask_rt=rng.random((rows, columns)) < 0.8,
+      completion_mask_rt=rng.random((rows, columns)) < 0.5,
+      behaviour_logp_rt=np.asarray(rng.standard_normal((rows, columns)), np.float32),
+      prompt_len=3, finished_r=np.asarray([True, False, True, True]),
+      texts=("3", "x", "\u00e9\udcff", ""),  # a lone surrogate too
+      rewards_bn=np.asarray([[1, -1], [np.nan, 0]], np.float32),
+      correct_bn=np.asarray([[True, False], [False, False]]),
+      answer_ids_bn=np.asarray([[0, 1], [0, 0]], np.int32))
+  update = dynamic.take_groups(sampled, np.asarray([0]), 2)  # group 0, then a padding copy of it
+  return dynamic.Drawn(sampled, np.asarray([[0.5, -0.5], [0.0, 0.0]], np.float32),
+                       np.asarray([0]), update, np.asarray([0.5, -0.5, 0, 0], np.float32), 1,
+                       np.int64(2))
+
+
+def _same(a, b) -> None:
+  """a and b equal, type for type, arrays dtype for dtype and bit for bit."""
+  assert type(a) is type(b), (a, b)
+  if isinstance(a, np.ndarray):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+  elif isinstance(a, np.generic):
+    assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+  elif isinstance(a, float):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes() or (a != a and b != b)
+  elif dataclasses.is_dataclass(a):
+    for field in dataclasses.fields(a):
+      _same(getattr(a, field.name), getattr(b, field.name))
+  elif isinstance(a, (list, tuple)):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+      _same(x, y)
+  elif isinstance(a, dict):
+    assert list(a) == list(b)
+    for key in a:
+      _same(a[key], b[key])
+  else:
+    assert a == b
+
+
+def test_saved_rollouts_read_back_value_for_value_and_bit_for_bit(tmp_path):
+  drawn = _drawn()
+  seconds = {"time/sampling": 0.1 + 0.2, "time/scoring": 1e-300}
+  pending = [async_rollouts.Pending(4, 3, (drawn, seconds)),
+             async_rollouts.Pending(5, 3, (drawn, {}))]
+  async_rollouts.save_pending(str(tmp_path), 4, pending, keep_from=None)
+  loaded = async_rollouts.load_pending(str(tmp_path), 4)
+  assert [(p.step, p.params_step) for p in loaded] == [(4, 3), (5, 3)]
+  _same(loaded[0].get(), (drawn, seconds))
+  _same(loaded[1].get(), (drawn, {}))
+  back = loaded[0].get()[0]
+  assert back is loaded[1].get()[0]  # an object met twice is written once and read back as one
+  assert back.update.prompts[0] is back.update.prompts[1] is back.sampled.prompts[0]
+  assert back.sampled.tokens_rt.flags.writeable  # as the sampler's own arrays are
+
+  with pytest.raises(TypeError, match="a rollout holds a builtins.set"):
+    async_rollouts.save_pending(str(tmp_path), 6, [async_rollouts.Pending(6, 5, ({1}, {}))], None)
+  with pytest.raises(TypeError, match="dtype object"):
+    async_rollouts.save_pending(str(tmp_path), 6, [async_rollouts.Pending(
+        6, 5, (np.asarray([None]), {}))], None)
+  assert not os.path.exists(async_rollouts.rollouts_path(str(tmp_path), 6))
+
+
+class _WritesAMarker:
+  """Unpickled, it creates the file `path`: what a planted pickle could do instead."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __reduce__(self):
+    return open, (self.path, "w")
+
+
+def _rollouts_file(payload: bytes) -> bytes:
+  """A file with the current header and `payload`'s true sha256: what anyone who can write the
+  run directory can make, so the digest says nothing about what the payload may do."""
+  header = async_rollouts._HEADER  # pylint: disable=protected-access
+  return header + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def _npz(structure, **arrays) -> bytes:
+  buffer = io.BytesIO()
+  np.savez(buffer, structure=np.frombuffer(json.dumps(structure).encode(), np.uint8), **arrays)
+  return buffer.getvalue()
+
+
+def test_a_rollouts_file_that_would_run_code_is_refused_unread(tmp_path, capsys):
+  workdir, marker = str(tmp_path), str(tmp_path / "marker")
+  bait = pickle.dumps([(7, 6, _WritesAMarker(marker))])
+  pickle.loads(pickle.dumps(_WritesAMarker(str(tmp_path / "control"))))
+  assert os.path.exists(tmp_path / "control")  # the bait is live: unpickled, it writes
+  os.makedirs(tmp_path / async_rollouts.ROLLOUTS_DIR)
+  old = tmp_path / async_rollouts.ROLLOUTS_DIR / "6.pkl"
+  # A file of the old format, header and digest right: the loader before this one unpickled it.
+  old.write_bytes(b"ksjax-rollouts 1 sha256 " + hashlib.sha256(bait).hexdigest().encode() + b"\n"
+                  + bait)
+  with pytest.raises(checkpoints.CheckpointInputError) as e:
+    async_rollouts.load_pending(workdir, 6)
+  line = str(e.value)
+  assert "\n" not in line and line.startswith(f"{old}: pickled rollouts are not accepted")
+  assert async_rollouts.rollouts_path(workdir, 6) in line and "Delete it to resume" in line
+  # The entry points' boundary: that one line and exit status 2.
+  main = errors.boundary("ksjax.main", lambda argv: async_rollouts.load_pending(workdir, 6))
+  with pytest.raises(SystemExit) as exit_info:
+    main([])
+  assert exit_info.value.code == errors.EXIT_INPUT == 2
+  assert capsys.readouterr().err == f"ksjax.main: {line}\n"
+
+  structure = {"step": 6, "objects": [], "pending": [{"step": 7, "params_step": 6,
+                                                      "result": {"array": 0}}]}
+  path = async_rollouts.rollouts_path(workdir, 6)
+  cases = [
+      (bait, "not a ksjax rollouts file"),  # a bare pickle where the rollouts file goes
+      (_rollouts_file(bait), "not the data-only rollouts file ksjax writes \\(not an npz archive"),
+      (_rollouts_file(b"\x93NUMPY" + bait), "not an npz archive"),
+      (_rollouts_file(_npz(structure, **{"0": np.asarray([_WritesAMarker(marker)], object)})),
+       "Object arrays cannot be loaded when allow_pickle=False"),
+      (_rollouts_file(_npz({**structure, "objects": [
+          {"class": "posix.system", "fields": {"command": "touch marker"}}]})),
+       "class 'posix.system' is not one of Drawn, Rollout, Prompt"),
+      (_rollouts_file(_npz({**structure, "step": 5})), "holds the rollouts of checkpoint 5"),
+  ]
+  for content, match in cases:
+    with open(path, "wb") as f:
+      f.write(content)
+    with pytest.raises(checkpoints.CheckpointInputError, match=match) as e:
+      async_rollouts.load_pending(workdir, 6)
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{path}: ")
+    assert "Delete it to resume from step 6" in str(e.value)
+  assert not os.path.exists(marker)
