@@ -27,9 +27,17 @@ exactly from its newest checkpoint, an evaluation already written is reused):
      next machine from what was committed.
   3. report (`<out>/README.md`, `summary.json`, `pass_at_k_vs_k.png`): the end table (mean ± std
      over seeds), the steps each objective reached in its budget, and the paper's statements
-     checked with `experiments/tradeoff.py`'s `claims` (difference of seed means ± standard error;
-     "reproduces" above two standard errors). A statement is called robust when it holds on
-     every seed.
+     (`statements`) tested paired by seed (`ksjax.evaluation.statistics.paired`: the mean over
+     seeds of first minus second, its 95% t-interval, the two-sided paired t-test's p, Holm's
+     adjustment over the statements, and on how many seeds first > second). The statements were
+     not pre-registered, and the report says so and calls none of them reproduced. Then: the
+     paired test's minimum detectable effect at the observed seed-to-seed sd of the pass@4 gap;
+     each run's final KL beside its final pass@4 (only the start and the last checkpoint were
+     evaluated: no KL curve was measured); the matched-step single runs of
+     `experiments/real_model.py` (30 steps, one seed per objective, paired over problems) beside
+     the equal-CPU result; and what differs between seeds besides the seed (machine, the
+     training and evaluation commits with the sampler's commits between them, and where the
+     start was evaluated).
 
 Provenance: the study refuses to run from a tree with uncommitted changes to tracked files, and
 records the commit and the machine of every run attempt and the commit of every evaluation
@@ -59,6 +67,7 @@ sys.path.insert(0, REPO)
 import numpy as np  # pylint: disable=wrong-import-position
 
 from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax.evaluation import statistics  # pylint: disable=wrong-import-position
 from ksjax.run import checkpoints  # pylint: disable=wrong-import-position
 from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
 from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
@@ -85,6 +94,18 @@ VARIANTS = {
 }
 EVAL = {"num_samples": 64, "ks": (1, 2, 4, 8, 16, 32, 64), "batch_prompts": 2, "seed": 0,
         "kl_samples": 16, "breakdown": ("level",)}
+# The statements' test: two-sided paired t-test over seeds at this level (not pre-registered), and
+# the power the report plans with: the effect on the pass@4 gap it asks the seeds needed for.
+ALPHA = 0.05
+POWER = 0.8
+PLANNED_EFFECT = 0.06
+# The matched-step single runs of experiments/real_model.py (30 steps, one seed per objective),
+# put beside the study's equal-CPU result: (label, results directory).
+MATCHED_STEP_DIR = os.path.join(REPO, "experiments", "results")
+MATCHED_STEP = (("30 steps, bfloat16 operands", "real_model_matmul_bf16"),
+                ("30 steps, float32", "real_model"))
+# The code whose commits between seeds' training commits the report lists.
+SAMPLER_PATH = "ksjax/sampling"
 # --quick: the embedded task's tiny model (no download, no wheel), seconds per run.
 QUICK_CONFIG = "pass_at_k"
 QUICK_FIELDS = (("model.hidden_size", 32), ("model.num_layers", 1), ("model.num_heads", 2),
@@ -120,7 +141,7 @@ def real_model():
 
 
 def tradeoff():
-  """experiments/tradeoff.py: the paper's statements (`claims`) and their verdicts (`compare`)."""
+  """experiments/tradeoff.py: `mean_std` for the end table."""
   return _experiment("tradeoff")
 
 
@@ -316,26 +337,22 @@ def _values(record: dict) -> dict[str, float]:
 
 
 def collect(out: str, variants, seeds) -> dict:
-  """The start's values, and per variant every metric's value per seed at its last checkpoint,
-  with the steps and CPU time each run used; curves start -> end for tradeoff.claims. Read from
-  the published runs in `out`."""
+  """The start's values, and per variant every metric's value per seed at its last checkpoint
+  (seed i at index i), with the steps and CPU time each run used. Read from the published runs in
+  `out`. Each run was evaluated at its start and its last checkpoint only: no curve between."""
   start = _values(_start_record(out))
-  final, curves, steps, cpu = {}, {}, {}, {}
+  final, steps, cpu = {}, {}, {}
   for variant in variants:
     key = f"pg_{variant}"
     for seed in seeds:
       name = run_name(variant, seed)
       record = _published_json(out, name, "eval_end.json")
-      last, end = record["step"], _values(record)
-      for metric, value in end.items():
+      for metric, value in _values(record).items():
         final.setdefault(key, {}).setdefault(metric, []).append(value)
-      curves.setdefault(key, []).append(
-          {"steps": [0, last], "kl": [0.0, end["kl"]],
-           "metrics": {m: [start[m], end[m]] for m in end if m in start}})
-      steps.setdefault(variant, []).append(last)
+      steps.setdefault(variant, []).append(record["step"])
       cpu.setdefault(variant, []).append(
           max(r.get("time/cpu_seconds", 0.0) for r in _published_rows(out, name)))
-  return {"start": start, "final": final, "curves": curves, "steps": steps, "cpu_seconds": cpu}
+  return {"start": start, "final": final, "steps": steps, "cpu_seconds": cpu}
 
 
 def table(data: dict, variants, ks) -> str:
@@ -370,26 +387,389 @@ def figure(data: dict, variants, ks, path: str) -> None:
   plots.save(fig, path)
 
 
+def statements(final: dict, k: int, ks) -> list[dict]:
+  """The paper's statements (and one beyond it) that the study's variants can test, each as two
+  series of one value per seed, seed i at index i in both: `a_values` for the side the statement
+  says is higher and `b_values` for the other. Runs of one seed share the start, the data order
+  and the evaluation's sampling seed, so the statements are tested paired by seed (`judge`).
+
+  The statements of experiments/tradeoff.py's `claims` for these variants, less its "more
+  KL-efficient" ones: those read pass@k at a common KL off each run's curve, and here every run
+  was evaluated at its start and its last checkpoint only (`kl_table` shows what was measured).
+
+  Args:
+    final: "pg_<variant>" -> metric -> one value per seed, at the last checkpoint (`collect`).
+    k: the training k; ks: the evaluated k.
+  """
+  mid = max(x for x in ks if x <= 10)
+  big = max(ks)
+  g = lambda variant: final[f"pg_{variant}"]
+  have = lambda *vs: all(f"pg_{v}" in final for v in vs)
+  gap = lambda metric: np.asarray(g("pass_at_k")[metric]) - np.asarray(g("mean")[metric])
+  out = []
+
+  def add(text, a, b, metric, variants):
+    out.append({"claim": text, "a": variants[0], "b": variants[1], "metric": metric,
+                "a_values": [float(x) for x in a], "b_values": [float(x) for x in b]})
+
+  if have("pass_at_k", "mean"):
+    for kk in sorted({k, mid, big}):
+      add(f"training for pass@k raises pass@{kk} more than training for the mean",
+          g("pass_at_k")[f"pass@{kk}"], g("mean")[f"pass@{kk}"], f"pass@{kk}",
+          ("pass_at_k", "mean"))
+    add("training for the mean gives the higher pass@1 (pass@k training pays for its pass@k in "
+        "pass@1)", g("mean")["pass@1"], g("pass_at_k")["pass@1"], "pass@1", ("mean", "pass_at_k"))
+    add(f"the advantage of pass@k training over mean training grows with test-time k "
+        f"(pass@{mid} gap minus pass@1 gap)", gap(f"pass@{mid}"), gap("pass@1"),
+        f"pass@{mid} - pass@1 gaps", ("pass_at_k - mean", "pass_at_k - mean"))
+    add("training for the mean moves further from the start at the same CPU budget (final KL)",
+        g("mean")["kl"], g("pass_at_k")["kl"], "kl", ("mean", "pass_at_k"))
+    if have("biased_pass_at_k"):
+      labels = {v: VARIANTS[v][0] for v in VARIANTS}
+      for metric in ("pass@1", f"pass@{mid}"):
+        lo, hi = ("pass_at_k", "mean") if metric == "pass@1" else ("mean", "pass_at_k")
+        add(f"biased pass@k sits between pass@k and the mean on {metric} (above {labels[lo]})",
+            g("biased_pass_at_k")[metric], g(lo)[metric], metric, ("biased_pass_at_k", lo))
+        add(f"biased pass@k sits between pass@k and the mean on {metric} (below {labels[hi]})",
+            g(hi)[metric], g("biased_pass_at_k")[metric], metric, (hi, "biased_pass_at_k"))
+    levels = sorted({int(name[5:].split("/")[0]) for name in g("mean")
+                     if name.startswith("level")})
+    if len(levels) > 1:
+      add(f"the pass@k gain over the mean comes from the hard problems (pass@{mid} gap on level "
+          f"{levels[-1]} minus level {levels[0]})", gap(f"level{levels[-1]}/pass@{mid}"),
+          gap(f"level{levels[0]}/pass@{mid}"), f"level pass@{mid} gaps",
+          (f"level {levels[-1]}", f"level {levels[0]}"))
+  if have("majority_vote", "mean"):
+    add(f"training for majority voting raises maj@{k} more than training for the mean",
+        g("majority_vote")[f"maj@{k}"], g("mean")[f"maj@{k}"], f"maj@{k}",
+        ("majority_vote", "mean"))
+  if have("pass_at_k_dynamic", "pass_at_k"):
+    add(f"(beyond the paper) dynamic sampling raises the pass@k objective's pass@{k} at the same "
+        f"CPU budget", g("pass_at_k_dynamic")[f"pass@{k}"], g("pass_at_k")[f"pass@{k}"],
+        f"pass@{k}", ("pass_at_k_dynamic", "pass_at_k"))
+  return out
+
+
+def _json_number(value):
+  """nan and +-inf as None (strict JSON); anything else unchanged."""
+  if isinstance(value, float) and not np.isfinite(value):
+    return None
+  return value
+
+
+def _p(p: float) -> str:
+  """"p = 0.21", two significant digits, or "p < 0.001"."""
+  return "p < 0.001" if p < 0.001 else f"p = {p:#.2g}"
+
+
+def verdict(result: statistics.PairedComparison, p_holm: float | None,
+            alpha: float = ALPHA) -> str:
+  """What the paired test says, in words that call nothing reproduced (the statements were not
+  pre-registered): significant at `alpha` or not, in the statement's direction or the opposite,
+  and whether it survives Holm's adjustment over the statements."""
+  if result.status == statistics.ONE_SEED:
+    return "one seed: no paired test"
+  if result.status == statistics.CONSTANT:
+    if result.difference == 0:
+      return "no difference on any seed"
+    side = "in the statement's direction" if result.difference > 0 else "opposite in sign"
+    return f"the same difference on every seed, {side} (zero spread: no p-value to read)"
+  if result.p_value < alpha:
+    sign = "" if result.difference > 0 else "opposite sign, "
+    holm = "" if p_holm is not None and p_holm < alpha else "; not after Holm's adjustment"
+    return (f"{sign}significant at {alpha:g} ({_p(result.p_value)}; not pre-registered{holm})")
+  if result.seeds_positive == result.n:
+    return f"consistent in sign, not significant ({_p(result.p_value)})"
+  if result.seeds_negative == result.n:
+    return f"opposite sign on every seed, not significant ({_p(result.p_value)})"
+  return (f"mixed signs ({result.seeds_positive} of {result.n} seeds in the statement's "
+          f"direction), not significant ({_p(result.p_value)})")
+
+
+def judge(found: list[dict], alpha: float = ALPHA) -> list[dict]:
+  """Each statement tested paired by seed (`statistics.paired` on a_values and b_values): adds
+  the difference (mean over seeds of a - b), its standard error, t, df, the two-sided p-value,
+  the 95% interval, the seeds with a > b (seeds_positive) and a < b, the Holm-adjusted p-value
+  over the statements that have one (p_holm), and the verdict."""
+  results = [statistics.paired(c["a_values"], c["b_values"]) for c in found]
+  tested = [i for i, r in enumerate(results) if np.isfinite(r.p_value)]
+  adjusted = (statistics.holm([results[i].p_value for i in tested], alpha).adjusted
+              if tested else [])
+  p_holm = dict(zip(tested, (float(p) for p in adjusted)))
+  for i, (claim, result) in enumerate(zip(found, results)):
+    claim.update({name: _json_number(value) for name, value in result.as_dict().items()})
+    claim.update({"test": "paired t over seeds, two-sided", "a_mean": float(np.mean(
+        claim["a_values"])), "b_mean": float(np.mean(claim["b_values"])),
+                  "p_holm": p_holm.get(i), "holm_family": len(tested),
+                  "verdict": verdict(result, p_holm.get(i), alpha)})
+  return found
+
+
+def power(found: list[dict], k: int) -> dict | None:
+  """The paired test's reach with these seeds, from the seed-to-seed sd of the pass@k gap
+  (pass@k training minus mean training at the training k): the minimum detectable effect at
+  POWER and ALPHA with the study's seeds, and the seeds needed for PLANNED_EFFECT. None where
+  there is no such statement, fewer than two seeds, or no spread."""
+  text = f"training for pass@k raises pass@{k} more than training for the mean"
+  claim = next((c for c in found if c["claim"] == text), None)
+  if claim is None or claim["n"] < 2:
+    return None
+  sd = float(np.std(claim["differences"], ddof=1))
+  if not sd > 0:
+    return None
+  return {"metric": f"pass@{k}", "differences": claim["differences"],
+          "sd_of_differences": sd, "n_seeds": claim["n"], "power": POWER, "alpha": ALPHA,
+          "minimum_detectable_effect": statistics.minimum_detectable_effect(
+              sd, claim["n"], POWER, ALPHA),
+          "effect": PLANNED_EFFECT,
+          "seeds_needed": statistics.seeds_needed(PLANNED_EFFECT, sd, POWER, ALPHA)}
+
+
+def kl_table(data: dict, variants, seeds, k: int) -> str:
+  """Each run's final KL to the start beside its final pass@k: all that was measured of KL and
+  pass@k together (each run was evaluated at its start and its last checkpoint only)."""
+  lines = ["| objective | " + " | ".join(f"seed {s}: KL, pass@{k}" for s in seeds) + " |",
+           "|" + "---|" * (len(seeds) + 1)]
+  lines.append("| start | " + " | ".join(f"0, {data['start'][f'pass@{k}']:.3f}"
+                                         for _ in seeds) + " |")
+  for variant in variants:
+    values = data["final"][f"pg_{variant}"]
+    lines.append(f"| {VARIANTS[variant][0]} | " + " | ".join(
+        f"{kl:.2f}, {v:.3f}" for kl, v in zip(values["kl"], values[f"pass@{k}"])) + " |")
+  return "\n".join(lines)
+
+
+def matched_step(results_dir: str = MATCHED_STEP_DIR, ks=(1, 4)) -> list[dict]:
+  """The matched-step single runs of experiments/real_model.py (MATCHED_STEP: `smollm2_pass_at_k`
+  and `smollm2_mean`, 30 steps, one seed each), where their records are: pass@k for `ks` of the
+  pass@k run's end minus the mean run's, paired over the held-out problems (not over seeds), with
+  the steps, CPU minutes, KL the trainer logged last, commit and micro-batch of each run."""
+  rows = []
+  for label, directory in MATCHED_STEP:
+    arms = {arm: os.path.join(results_dir, directory, f"smollm2_{arm}")
+            for arm in ("pass_at_k", "mean")}
+    if not all(os.path.isfile(os.path.join(d, "eval_end.json")) for d in arms.values()):
+      continue
+    values = {arm: real_model().per_problem_pass_at_k(os.path.join(d, "eval_end.json"), ks)
+              for arm, d in arms.items()}
+    provenance = json.load(open(os.path.join(results_dir, directory, "provenance.json"),
+                                encoding="utf-8"))
+    row = {"label": label, "directory": os.path.join("experiments", "results", directory),
+           "paired_over": "problems", "comparisons": {}}
+    for arm, d in arms.items():
+      logged = metrics.read_jsonl(os.path.join(d, "metrics.jsonl"))
+      kl = [r for r in logged if "kl/k3" in r]
+      cpu = max(r.get("time/cpu_seconds", 0.0) for r in logged) / 60
+      config = json.load(open(os.path.join(d, "config.json"), encoding="utf-8"))
+      row[arm] = {"steps": max(r["step"] for r in logged),
+                  "cpu_minutes": cpu or None,
+                  "kl_k3": kl[-1]["kl/k3"] if kl else None,
+                  "kl_step": kl[-1]["step"] if kl else None,
+                  "commit": provenance["runs"][f"smollm2_{arm}"]["attempts"][-1]["commit"],
+                  "micro_batch_size": config.get("micro_batch_size"),
+                  "seed": config.get("seed")}
+    for kk in ks:
+      result = statistics.paired(values["pass_at_k"][kk], values["mean"][kk])
+      row["comparisons"][f"pass@{kk}"] = {name: _json_number(value)
+                                          for name, value in result.as_dict().items()}
+    rows.append(row)
+  return rows
+
+
+def _interval(c: dict) -> str:
+  if c["ci_low"] is None:
+    return "—"
+  return f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+
+
+def _p_cell(p) -> str:
+  return "—" if p is None else _p(p)[4 if p >= 0.001 else 2:]
+
+
+def matched_step_lines(data: dict, rows: list[dict], seeds) -> list[str]:
+  """The section that puts the matched-step single runs beside the equal-CPU result."""
+  if not rows or not {"pg_pass_at_k", "pg_mean"} <= set(data["final"]):
+    return []
+  final = data["final"]
+  equal = {m: statistics.paired(final["pg_pass_at_k"][m], final["pg_mean"][m]).as_dict()
+           for m in ("pass@1", "pass@4")}
+  equal = {m: {n: _json_number(v) for n, v in c.items()} for m, c in equal.items()}
+  steps, kl = data["steps"], {v: np.mean(final[f"pg_{v}"]["kl"]) for v in ("pass_at_k", "mean")}
+  lines = [
+      "## Beside it: the matched-step single runs (30 steps, one seed per objective)", "",
+      "The study gives every objective the same CPU budget, so the sparse pass@4 updates take "
+      "more steps than the mean's. `experiments/real_model.py` ran the two configs once each "
+      "for the same 30 steps. Those are single runs, one seed per objective: their interval and "
+      "p are paired over the 32 held-out problems, so they say how sure one can be of these two "
+      "checkpoints' difference on these problems, not how the objectives compare from seed to "
+      "seed, which is what the study's row is paired over.", "",
+      "| result | what it is | steps (pass@k, mean) | paired over | pass@4: pass@k − mean | "
+      "95% interval | p | pass@1: pass@k − mean (p) | KL to start (pass@k, mean) |",
+      "|---|---|---|---|---|---|---|---|---|"]
+  e4, e1 = equal["pass@4"], equal["pass@1"]
+  lines.append(
+      f"| equal CPU ({CPU_MINUTES:g} CPU-min), this study | {len(seeds)} seeds per objective, "
+      f"seeds paired | {min(steps['pass_at_k'])}–{max(steps['pass_at_k'])}, "
+      f"{min(steps['mean'])}–{max(steps['mean'])} | {len(seeds)} seeds | "
+      f"{e4['difference']:+.3f} | {_interval(e4)} | {_p_cell(e4['p_value'])} | "
+      f"{e1['difference']:+.3f} ({_p_cell(e1['p_value'])}) | {kl['pass_at_k']:.2f}, "
+      f"{kl['mean']:.2f} (held-out, mean over seeds) |")
+  for row in rows:
+    c4, c1 = row["comparisons"]["pass@4"], row["comparisons"]["pass@1"]
+    a, b = row["pass_at_k"], row["mean"]
+    kls = ("—" if a["kl_k3"] is None or b["kl_k3"] is None else
+           f"{a['kl_k3']:.2f}, {b['kl_k3']:.2f} (trainer's log, step {a['kl_step']})")
+    lines.append(
+        f"| {row['label']} (`{row['directory']}/`) | single runs, one seed each | "
+        f"{a['steps']}, {b['steps']} | {c4['n']} problems | {c4['difference']:+.3f} | "
+        f"{_interval(c4)} | {_p_cell(c4['p_value'])} | {c1['difference']:+.3f} "
+        f"({_p_cell(c1['p_value'])}) | {kls} |")
+  lines += ["", "Recomputed here from each run's `eval_end.json` (unbiased pass@k per problem "
+            "from its correct counts, `experiments/real_model.py`'s `per_problem_pass_at_k`) and "
+            "`statistics.paired` over problems. Of those runs:"]
+  for row in rows:
+    a, b = row["pass_at_k"], row["mean"]
+    cpu = ("CPU time not recorded" if a["cpu_minutes"] is None or b["cpu_minutes"] is None else
+           f"{a['cpu_minutes']:.1f} and {b['cpu_minutes']:.1f} CPU-minutes")
+    micro = ("" if a["micro_batch_size"] == b["micro_batch_size"] else
+             f"; micro-batches of {a['micro_batch_size']} and {b['micro_batch_size']} rows "
+             "(the order of a sum only; the repository's README shows that alone moving a "
+             "30-step mean run's pass@4)")
+    c4 = row["comparisons"]["pass@4"]
+    lines.append(f"- {row['label']}: the pass@k run at {a['commit'][:7]}, the mean run at "
+                 f"{b['commit'][:7]}, {cpu}{micro}; the pass@k run ahead on "
+                 f"{c4['seeds_positive']} of the {c4['n']} problems' pass@4, behind on "
+                 f"{c4['seeds_negative']}.")
+  ahead = lambda d: "the pass@k run" if d > 0 else "the mean run" if d < 0 else "neither run"
+  single = {ahead(row["comparisons"]["pass@4"]["difference"]) for row in rows}
+  lines += [
+      "", f"At equal steps {' or '.join(sorted(single))} ends ahead at pass@4 in "
+      f"{'each' if len(single) == 1 else 'one or the other'} single pair; at equal CPU, "
+      f"{ahead(e4['difference']).replace('run', 'runs')} end ahead on average over the seeds. "
+      "Each single pair is one draw of the seed-to-seed spread that the study's row measures "
+      "(its per-seed pass@4 gaps: "
+      + ", ".join(f"{d:+.3f}" for d in e4["differences"]) + "), so no single pair's p says "
+      "anything about that spread, and no test here compares the two budgets. The KLs are not "
+      "the same measurement either: the study's is held-out (eval binary, k3 on "
+      f"{EVAL['kl_samples']} samples per problem), the single runs' the trainer's, on its "
+      "training rollouts.", ""]
+  return lines
+
+
+def _git_commits(commit: str, exclude, paths) -> list[tuple[str, str]] | None:
+  """(short hash, first sentence of the message) of the commits reachable from `commit` and not
+  from any of `exclude`, touching `paths`; None where git cannot answer (no history here)."""
+  try:
+    out = subprocess.run(["git", "log", "--format=%h %s", commit, "--not", *exclude, "--",
+                          *paths], cwd=REPO, capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  commits = []
+  for line in out.splitlines():
+    short, _, subject = line.partition(" ")
+    sentence = subject.split(". ")[0].split("; ")[0].rstrip(".")
+    if len(sentence) > 200:
+      sentence = sentence[:200].rsplit(" ", 1)[0] + " ..."
+    commits.append((short, sentence))
+  return commits
+
+
+def _start_run(out: str, names: list[str]) -> str:
+  """The run the start was evaluated with: named by its record's checkpoint path, else the first
+  run in study order (the one `run_study` evaluates it with)."""
+  checkpoint = _start_record(out).get("checkpoint", "")
+  parts = checkpoint.split("/")
+  return parts[1] if len(parts) > 1 and parts[1] in names else names[0]
+
+
+def seed_differences(out: str, variants, seeds, provenance: dict, steps: dict) -> list[str]:
+  """The section that says what differs between the seeds besides the seed: each seed's
+  machines, training commits (and the sampler's commits between them) and evaluation commits,
+  and where the start was evaluated. Empty where every seed shares them."""
+  def of(seed):  # in study order
+    names = [run_name(v, seed) for v in variants]
+    return {"machines": list(dict.fromkeys(a.get("machine", "unrecorded") for n in names
+                                           for a in provenance["runs"][n])),
+            "commits": list(dict.fromkeys(a["commit"] for n in names
+                                          for a in provenance["runs"][n])),
+            "evaluations": list(dict.fromkeys(c for n in names
+                                              for c in provenance["evaluations"][n]))}
+  seen = {seed: of(seed) for seed in seeds}
+  first = seeds[0]
+  changed = [s for s in seeds[1:] if seen[s] != seen[first]]
+  if not changed:
+    return []
+  alike = [s for s in seeds if seen[s] == seen[first]]
+  ref = f"seed{'s' if len(alike) > 1 else ''} {' and '.join(map(str, alike))}"
+  quoted = lambda machines: "; ".join(f"“{m}”" for m in machines)
+  names = [run_name(v, s) for v, s in runs_of(variants, seeds)]
+  start_run = _start_run(out, names)
+  start = {"machines": sorted({a.get("machine", "unrecorded")
+                               for a in provenance["runs"][start_run]}),
+           "evaluations": provenance["evaluations"][start_run]}
+  short = lambda commits: ", ".join(c[:7] for c in commits)
+  lines = [f"## What changed for seed{'s' if len(changed) > 1 else ''} "
+           f"{', '.join(map(str, changed))}", "",
+           f"Besides the seed, seed{'s' if len(changed) > 1 else ''} "
+           f"{', '.join(map(str, changed))} differ{'' if len(changed) > 1 else 's'} from {ref} "
+           "in:", ""]
+  for seed in changed:
+    now, before = seen[seed], seen[first]
+    if now["machines"] != before["machines"]:
+      lines.append(
+          f"- **The machine** (seed {seed}): {quoted(now['machines'])}, where {ref} ran on "
+          f"{quoted(before['machines'])}. XLA:CPU's numerics and the steps a CPU "
+          "budget buys depend on it; steps per objective, seeds in order: "
+          + "; ".join(f"{VARIANTS[v][0]} {', '.join(map(str, steps[v]))}" for v in variants)
+          + ".")
+    if now["commits"] != before["commits"]:
+      lines.append(f"- **The code** (seed {seed}): trained at {short(now['commits'])}, {ref} "
+                   f"at {short(before['commits'])}.")
+      path, what = SAMPLER_PATH, ("the sampler, which draws the training rollouts and the "
+                                  "evaluation's samples")
+      listed = {c: _git_commits(c, before["commits"], [path]) for c in now["commits"]}
+      if any(v is None for v in listed.values()):
+        lines.append(f"  `git log {short(before['commits'])}..<commit> -- {path}` ({what}): no "
+                     "git history here to list them.")
+      else:
+        union = list(dict.fromkeys(x for v in listed.values() for x in v))
+        ranges = "; ".join(f"`git log --oneline {before['commits'][0][:7]}..{c[:7]} -- {path}`"
+                           f": {len(v)} commit{'' if len(v) == 1 else 's'}"
+                           for c, v in listed.items())
+        lines.append(f"  Between them {path} ({what}) changed: {ranges}.")
+        lines += [f"  - {h} {text}" for h, text in union]
+        if union:
+          lines.append(f"  The study did not check whether these change the samples on this "
+                       f"model, so seed {seed}'s differences from {ref} cannot be put down "
+                       "to the machine alone.")
+    if now["evaluations"] != before["evaluations"]:
+      lines.append(f"- **The evaluations** (seed {seed}): its runs' end records were evaluated "
+                   f"at {short(now['evaluations'])} on its own machine, {ref}'s at "
+                   f"{short(before['evaluations'])} on theirs.")
+    unlike = [what for what, differs in (
+        (f"not on seed {seed}'s machine", start["machines"] != now["machines"]),
+        (f"not with seed {seed}'s code", start["evaluations"] != now["evaluations"])) if differs]
+    if unlike:
+      lines.append(
+          f"- **The start** (step 0) was evaluated once, with {start_run}, at "
+          f"{short(start['evaluations'])} on {quoted(start['machines'])}: "
+          + " and ".join(unlike)
+          + f". No statement above reads the start (they compare the runs' ends, and each "
+          f"run's KL is measured against the start's weights within its own end evaluation); "
+          f"the start row of the tables, and any change from it for seed {seed}, mix the change "
+          "of machine and code into the change from training.")
+  return lines + [""]
+
+
 def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
   """`<out>/README.md`, `summary.json`, `provenance.json` and the figure, from the published runs
   of `seeds`."""
   ks = QUICK_EVAL["ks"] if quick else EVAL["ks"]
+  k = 4
   data = collect(out, variants, seeds)
-  found = tradeoff().claims(data["final"], data["curves"], "pg", 4, ks)
-  for claim in found:  # the runs here share a CPU budget, not a number of steps
-    claim["claim"] = claim["claim"].replace("in the same number of steps",
-                                            "at the same CPU budget")
-  if "pass_at_k_dynamic" in variants and "pass_at_k" in variants:
-    result = tradeoff().compare(data["final"]["pg_pass_at_k_dynamic"]["pass@4"],
-                                data["final"]["pg_pass_at_k"]["pass@4"])
-    found.append({"algorithm": "pg", "claim": "(beyond the paper) dynamic sampling raises the "
-                  "pass@k objective's pass@4 at the same CPU budget", "a": "pass_at_k_dynamic",
-                  "b": "pass_at_k", "metric": "pass@4",
-                  "a_mean": float(np.mean(data["final"]["pg_pass_at_k_dynamic"]["pass@4"])),
-                  "b_mean": float(np.mean(data["final"]["pg_pass_at_k"]["pass@4"])), **result})
-  for claim in found:
-    if len(seeds) < 2:  # no spread over seeds: a standard error of 0 would call any sign a result
-      claim["verdict"] = "one seed: no standard error, not tested"
+  found = judge(statements(data["final"], k, ks))
+  reach = power(found, k)
+  matched = [] if quick else matched_step()
   names = [run_name(v, s) for v, s in runs_of(variants, seeds)]
   provenance = {
       "commit": real_model()._commit(),  # pylint: disable=protected-access
@@ -400,7 +780,9 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
   files.write_json(os.path.join(out, "summary.json"),
                    {"seeds": list(seeds), "variants": list(variants), "partial": partial,
                     "cpu_minutes": QUICK_CPU_MINUTES if quick else CPU_MINUTES,
-                    "eval": {**EVAL, **(QUICK_EVAL if quick else {})}, "claims": found, **data})
+                    "eval": {**EVAL, **(QUICK_EVAL if quick else {})},
+                    "pre_registered": False, "alpha": ALPHA, "claims": found, "power": reach,
+                    "matched_step": matched, **data})
   figure(data, variants, ks, os.path.join(out, "pass_at_k_vs_k.png"))
   commits = sorted({a["commit"][:7] for runs in provenance["runs"].values() for a in runs})
   # Runs published before attempts named their machine were all trained on one machine with
@@ -408,6 +790,8 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
   machines = {seed: sorted({a.get("machine", "unrecorded") for v in variants
                             for a in provenance["runs"][run_name(v, seed)]}) for seed in seeds}
   n = EVAL["num_samples"] if not quick else QUICK_EVAL["num_samples"]
+  df = len(seeds) - 1
+  tested = found[0]["holm_family"] if found else 0
   lines = [
       "# The trade-off on a real model: SmolLM2-135M-Instruct, five objectives", "",
       "Produced by `python experiments/real_model_study.py"
@@ -427,20 +811,61 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
       "## Held-out, at the end of each run (mean ± std over seeds)", "",
       table(data, variants, ks), "",
       "Steps: the range over seeds of the steps each run reached within its CPU budget.", "",
-      "## The paper's statements, checked", "",
-      "Difference = mean over seeds of the first minus the second, ± its standard error; it "
-      "reproduces when the difference exceeds two standard errors. Robust: it holds on every "
-      "seed (same-seed pairs).", "",
-      "| statement | first | second | difference ± s.e. | verdict | seeds where it holds |",
-      "|---|---|---|---|---|---|"]
+      "## The paper's statements, tested paired by seed (not pre-registered)", "",
+      "**None of these statements was pre-registered**: no test, level or number of seeds was "
+      "fixed for them before the runs, and this test was chosen after the results were seen. "
+      "Read every p-value as exploratory; no statement is called reproduced.", "",
+      "Each statement compares a first value with a second on each seed (the runs of one seed "
+      "share the start, the data order and the evaluation's sampling seed). "
+      + (f"Difference: the mean over the {len(seeds)} seeds of first − second. 95% interval: "
+         f"Student's t with {df} degree{'' if df == 1 else 's'} of freedom. p: the two-sided "
+         f"paired t-test (`ksjax/evaluation/statistics.py`, `paired`); Holm: p adjusted over "
+         f"the {tested} statements tested (Holm–Bonferroni). Seeds: on how many seeds first > "
+         "second." if df else
+         "With one seed there is no spread over seeds to test against: each row gives that "
+         "seed's difference, first − second, and nothing more."), "",
+      "| statement | first | second | difference | 95% interval | p | p, Holm | seeds first > "
+      "second | verdict |",
+      "|---|---|---|---|---|---|---|---|---|"]
   for c in found:
-    holds = f"{c['seeds_holding']} of {c['seeds']}"
     lines.append(f"| {c['claim']} | {c['a_mean']:.3f} | {c['b_mean']:.3f} | "
-                 f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} | "
-                 f"{holds} |")
-  lines += ["", "Figure: `pass_at_k_vs_k.png`; every number: `summary.json`; per run: its step "
-            "log, config and end evaluation record in `<run>/`."]
+                 f"{c['difference']:+.3f} | {_interval(c)} | {_p_cell(c['p_value'])} | "
+                 f"{_p_cell(c['p_holm'])} | {c['seeds_positive']} of {c['n']} | "
+                 f"{c['verdict']} |")
+  lines.append("")
+  if reach:
+    lines += [
+        f"## What {reach['n_seeds']} seeds can detect", "",
+        f"The per-seed {reach['metric']} gap of pass@k training over mean training ("
+        + ", ".join(f"{d:+.3f}" for d in reach["differences"])
+        + f") has a between-seed sd of {reach['sd_of_differences']:.3f}. At that sd the paired "
+        f"t-test with {reach['n_seeds']} seeds (two-sided, α = {ALPHA:g}) detects a true gap "
+        f"with {POWER:.0%} power only from {reach['minimum_detectable_effect']:.3f} up "
+        f"(minimum detectable effect, `statistics.minimum_detectable_effect`), and detecting a "
+        f"gap of {PLANNED_EFFECT:g} with {POWER:.0%} power needs {reach['seeds_needed']} seeds "
+        "(`statistics.seeds_needed`). So a statement that is not significant here speaks "
+        "against gaps of about that minimum size or larger, not against smaller ones.", ""]
+  lines += [
+      f"## Final KL and final pass@{k}, per run (no KL curve was measured)", "",
+      "Each run was evaluated at the start and at its last checkpoint only, so pass@k at a "
+      "common KL is not known for any run: nothing between the two points was measured. (An "
+      "earlier version of this report drew a straight line from the start to each run's end and "
+      f"compared pass@{k} read off it at one KL; that statement is withdrawn.) What was "
+      f"measured, side by side (KL: held-out, k3, to the start; the start's is 0 by definition, "
+      f"{data['start']['kl']:.3f} measured against itself):", "",
+      kl_table(data, variants, seeds, k), "",
+      *matched_step_lines(data, matched, seeds),
+      *seed_differences(out, variants, seeds, provenance, data["steps"]),
+      "Figure: `pass_at_k_vs_k.png`; every number: `summary.json`; per run: its step log, config "
+      "and end evaluation record in `<run>/`."]
   files.write_text(os.path.join(out, "README.md"), "\n".join(lines) + "\n")
+  if reach:
+    print(f"{reach['metric']} gap (pass@k - mean) per seed: "
+          + ", ".join(f"{d:+.3f}" for d in reach["differences"])
+          + f"; between-seed sd {reach['sd_of_differences']:.4f}; minimum detectable effect with "
+          f"{reach['n_seeds']} seeds ({POWER:.0%} power, alpha {ALPHA:g}): "
+          f"{reach['minimum_detectable_effect']:.4f}; seeds needed for {PLANNED_EFFECT:g}: "
+          f"{reach['seeds_needed']}", flush=True)
   print(f"wrote {out}", flush=True)
 
 

@@ -1,6 +1,7 @@
 """experiments/real_model_study.py: the runs' order and flags, the report from evaluation records
-(table, statements, robustness over seeds, partial reports), the refusal of uncommitted code, and
-(slow) the whole pipeline on the tiny model, resumed by a second call that runs nothing."""
+(table, statements tested paired by seed, partial reports, the measured KL, the matched-step
+single runs, what changed between seeds), the refusal of uncommitted code, and (slow) the whole
+pipeline on the tiny model, resumed by a second call that runs nothing."""
 
 import json
 import os
@@ -8,7 +9,10 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from scipy import special
+from scipy import stats
 from tests import support
 
 from ksjax import files
@@ -94,9 +98,19 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   claims = {c["claim"]: c for c in summary["claims"]}
   raise_k = claims["training for pass@k raises pass@4 more than training for the mean"]
   assert raise_k["difference"] == pytest.approx(0.17)
-  assert raise_k["verdict"] == "reproduces" and raise_k["seeds_holding"] == 2
+  # Paired by seed: differences 0.20 and 0.14, so t = 0.17 / 0.03 with 1 degree of freedom.
+  assert raise_k["a_values"] == [0.70, 0.66] and raise_k["b_values"] == [0.50, 0.52]
+  assert raise_k["p_value"] == pytest.approx(stats.ttest_rel([0.70, 0.66], [0.50, 0.52]).pvalue)
+  assert raise_k["verdict"] == "consistent in sign, not significant (p = 0.11)"
+  assert raise_k["seeds_positive"] == 2 and raise_k["n"] == 2
   kl = next(c for c in summary["claims"] if "final KL" in c["claim"])
-  assert "at the same CPU budget" in kl["claim"] and kl["seeds_holding"] == 2
+  assert "at the same CPU budget" in kl["claim"] and kl["seeds_positive"] == 2
+  assert summary["pre_registered"] is False
+  assert "not pre-registered" in readme and "reproduces" not in readme
+  assert not any("reproduc" in c["verdict"] for c in summary["claims"])
+  assert "two standard errors" not in readme
+  assert ("| training for pass@k raises pass@4 more than training for the mean | 0.680 | 0.510 "
+          "| +0.170 |") in readme
   assert summary["steps"] == {"mean": [20, 18], "pass_at_k": [30, 31]}
   # Published files name no path of the machine that ran them.
   config = json.load(open(os.path.join(out, "mean_s1", "config.json"), encoding="utf-8"))
@@ -106,9 +120,106 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   # From one seed nothing is called a result.
   study.report(out, variants, [0], quick=False, partial=True)
   one = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
-  assert {c["verdict"] for c in one["claims"]} == {"one seed: no standard error, not tested"}
+  assert {c["verdict"] for c in one["claims"]} == {"one seed: no paired test"}
+  assert {c["p_value"] for c in one["claims"]} == {None} and one["power"] is None
   provenance = json.load(open(os.path.join(out, "provenance.json"), encoding="utf-8"))
   assert provenance["evaluations"]["mean_s0"] == ["b" * 40]
+
+
+def test_statements_are_paired_by_seed_not_the_unpaired_rule(study, tmp_path, monkeypatch):
+  """Seeds far apart in level, with the same small gap on each: the paired test finds it, the old
+  unpaired rule (difference of seed means over sqrt(var_a/n + var_b/n)) would not. The report's
+  p, interval, Holm and power figures are scipy's and statistics.py's on the per-seed values."""
+  monkeypatch.setattr(study, "EVAL", {**study.EVAL, "ks": (1, 4)})
+  runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
+  mean, pass_k = [0.30, 0.50, 0.70], [0.35, 0.56, 0.74]
+  for seed in range(3):
+    _fake_run(runs, f"mean_s{seed}", 10, _record(10, (0.3, mean[seed]), 0.5 + seed),
+              start=_record(0, (0.2, 0.25), 0.0) if seed == 0 else None)
+    _fake_run(runs, f"pass_at_k_s{seed}", 20, _record(20, (0.2, pass_k[seed]), 1.0 + seed))
+  for name in sorted(os.listdir(runs)):
+    study.publish(runs, out, name)
+  study.report(out, ["mean", "pass_at_k"], [0, 1, 2], quick=False, partial=False)
+  summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
+  readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
+  claim = next(c for c in summary["claims"] if c["metric"] == "pass@4")
+  assert claim["a_values"] == pass_k and claim["b_values"] == mean
+  paired = stats.ttest_rel(pass_k, mean)
+  assert claim["p_value"] == pytest.approx(paired.pvalue, rel=1e-12) and claim["p_value"] < 0.05
+  assert stats.ttest_ind(pass_k, mean).pvalue > 0.5  # what an unpaired test would have said
+  low, high = paired.confidence_interval(0.95)
+  assert (claim["ci_low"], claim["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+  assert claim["seeds_positive"] == 3 and claim["differences"] == pytest.approx([.05, .06, .04])
+  assert claim["verdict"].startswith("significant at 0.05 (p = ")
+  assert "not pre-registered" in claim["verdict"]
+  tested = [c["p_value"] for c in summary["claims"] if c["p_value"] is not None]
+  assert [c["p_holm"] for c in summary["claims"]] == pytest.approx(
+      list(study.statistics.holm(tested).adjusted))
+  assert f"| +0.050 | [{low:+.3f}, {high:+.3f}] |" in readme
+  assert "reproduces" not in readme and "standard error" not in readme
+  # The power figures: at the pass@4 gap's between-seed sd.
+  sd = np.std(np.subtract(pass_k, mean), ddof=1)
+  assert summary["power"]["sd_of_differences"] == pytest.approx(sd)
+  assert summary["power"]["minimum_detectable_effect"] == pytest.approx(
+      study.statistics.minimum_detectable_effect(sd, 3, 0.8, 0.05))
+  assert summary["power"]["seeds_needed"] == study.statistics.seeds_needed(0.06, sd, 0.8, 0.05)
+  # No KL curve was measured: no statement at a common KL, each run's final KL and pass@4 instead.
+  assert not any("KL-efficient" in c["claim"] for c in summary["claims"])
+  assert "curves" not in summary and "no KL curve was measured" in readme
+  assert "| pass@k | 1.00, 0.350 | 2.00, 0.560 | 3.00, 0.740 |" in readme
+  # Seed 1's pass@k run was resumed on another machine, and the start evaluated on seed 0's.
+  assert "## What changed for seed 1" in readme and "“cpu A”; “cpu B”" in readme
+  assert "- **The start** (step 0) was evaluated once, with mean_s0" in readme
+
+
+def test_the_committed_report_pairs_by_seed_and_says_what_changed_for_seed_2(study, tmp_path,
+                                                                            monkeypatch):
+  """The report regenerated from the committed study: each statement's values per seed are the
+  runs' own end records in seed order, its p the paired t-test's; the matched-step single runs'
+  gaps recomputed from their records, paired over problems; seed 2's machine, code and start."""
+  out = str(tmp_path / "study")
+  shutil.copytree(study.DEFAULT_OUT, out)
+  monkeypatch.setattr(study, "figure", lambda *unused: None)
+  study.report(out, list(study.VARIANTS), list(study.SEEDS), quick=False, partial=False)
+  summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
+  readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
+  end = lambda v, s: json.load(open(os.path.join(out, f"{v}_s{s}", "eval_end.json"),
+                                    encoding="utf-8"))["metrics"]
+  claim = next(c for c in summary["claims"] if c["claim"].startswith(
+      "training for pass@k raises pass@4"))
+  assert claim["a_values"] == [end("pass_at_k", s)["pass@4"] for s in study.SEEDS]
+  assert claim["b_values"] == [end("mean", s)["pass@4"] for s in study.SEEDS]
+  for c in summary["claims"]:
+    assert c["p_value"] == pytest.approx(stats.ttest_rel(c["a_values"], c["b_values"]).pvalue)
+  assert "consistent in sign, not significant (p = 0.22)" in claim["verdict"]
+  assert summary["power"]["minimum_detectable_effect"] == pytest.approx(0.186, abs=5e-4)
+  assert summary["power"]["seeds_needed"] == 10
+  # The matched-step single runs: unbiased pass@4 per problem from the correct counts.
+  def pass_at_4(path):
+    record = json.load(open(path, encoding="utf-8"))
+    n, c = record["num_samples"], np.asarray(record["num_correct"])
+    return 1 - special.comb(n - c, 4) / special.comb(n, 4)
+  rows = {row["directory"]: row for row in summary["matched_step"]}
+  for directory, gap in (("real_model_matmul_bf16", -0.047), ("real_model", -0.095)):
+    records = os.path.join(str(support.REPO), "experiments", "results", directory)
+    a, b = (pass_at_4(os.path.join(records, f"smollm2_{arm}", "eval_end.json"))
+            for arm in ("pass_at_k", "mean"))
+    row = rows[f"experiments/results/{directory}"]["comparisons"]["pass@4"]
+    assert row["difference"] == pytest.approx(a.mean() - b.mean()) == pytest.approx(gap, abs=5e-4)
+    assert row["n"] == 32 and row["p_value"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+  assert "single runs, one seed each" in readme and "| 32 problems | -0.047 |" in readme
+  # Seed 2: another machine, another commit (and the sampler's commits between), the start not
+  # evaluated there.
+  section = readme[readme.index("## What changed for seed 2"):]
+  assert "“AMD EPYC, 2 CPUs, avx2”" in section and "amx_bf16" in section
+  assert "trained at 80abd13, 2d4223e, seeds 0 and 1 at 98cdaaf" in section
+  assert "with mean_s0, at 98cdaaf" in section
+  assert "not on seed 2's machine and not with seed 2's code" in section
+  history = subprocess.run(["git", "cat-file", "-e", "98cdaaf^{commit}"], cwd=support.REPO,
+                           capture_output=True, check=False).returncode == 0
+  if history:
+    assert "`git log --oneline 98cdaaf..80abd13 -- ksjax/sampling`: 5 commits" in section
+    assert "- fdb93ff Sampler: one KV cache per prompt" in section
 
 
 def test_published_runs_are_not_run_again_where_the_runs_are_gone(study, tmp_path, monkeypatch):
