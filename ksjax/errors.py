@@ -15,6 +15,11 @@ while a program starts, log records (absl's, Orbax's, tfds's, jax's: all reach t
 and Python warnings are held: dropped if the start ends in an input error, whose line says what
 went wrong, and printed, in order, as soon as the program has read its inputs (`inputs_read()`),
 prints its first line to stdout, fails with a bug, or ends.
+
+Nor do library INFO lines print unasked: absl's `app.run` turns verbosity up to INFO when the
+command line names none, and jax then opens every run on a CPU or GPU host with "Unable to
+initialize backend 'tpu'", an alarm about nothing. The boundary sets absl's verbosity to WARNING
+unless the user chose it or asked for log lines (`quiet_library_info`); warnings and errors print.
 """
 
 from __future__ import annotations
@@ -202,6 +207,36 @@ def inputs_read() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Library INFO lines
+# ---------------------------------------------------------------------------------------------
+
+# absl flags by which a user asks for library log lines (`-v` is `--verbosity` by another name).
+ASK_FOR_LOGS = ("verbosity", "logtostderr", "alsologtostderr")
+
+
+def quiet_library_info() -> None:
+  """Library INFO lines off (absl verbosity WARNING) under absl's `app.run`, unless asked for.
+
+  absl's `app.run` raises verbosity from WARNING to INFO when the command line gives none, so
+  every run would print jax's backend probing (the TPU it did not find) and Orbax's every save.
+  Set here, once for every entry point, and before a `LogHold` is installed: absl moves the root
+  logger's level only while its own handler is on the root logger, which the hold replaces (under
+  it, `set_verbosity` changes only the "absl" logger's level, and jax's INFO records still pass).
+
+  Left as they are: a command line with `--verbosity`/`-v`, `--logtostderr` or
+  `--alsologtostderr` (the user asked); jax's own JAX_LOGGING_LEVEL and JAX_DEBUG_LOG_MODULES,
+  and absl's `--logger_levels`, which give loggers a level of their own and so pass the root's;
+  and any process not started by `app.run` (a library user's or a test's logging is theirs).
+  """
+  from absl import flags, logging as absl_logging  # pylint: disable=g-import-not-at-top
+  if absl_logging.get_absl_handler() not in logging.root.handlers:
+    return
+  if any(name in flags.FLAGS and flags.FLAGS[name].present for name in ASK_FOR_LOGS):
+    return
+  absl_logging.set_verbosity(absl_logging.WARNING)
+
+
+# ---------------------------------------------------------------------------------------------
 # The boundary
 # ---------------------------------------------------------------------------------------------
 
@@ -209,9 +244,11 @@ def boundary(prog: str, main: Callable[[list[str]], Any],
              extra: tuple[type[BaseException], ...] = ()) -> Callable[[list[str]], Any]:
   """`main` (for `absl.app.run`) with the boundary: an input error (`INPUT_ERRORS`, or one of
   `extra`) becomes one line on stderr and exit status 2, with the libraries' log lines of the
-  start dropped; anything else propagates with its traceback, after the held lines."""
+  start dropped; anything else propagates with its traceback, after the held lines. Library INFO
+  lines print only when asked for (`quiet_library_info`)."""
 
   def wrapped(argv: list[str]) -> Any:
+    quiet_library_info()  # before the hold: see there
     hold = LogHold(release_on_stdout=True)
     _BOUNDARY.append(hold)
     try:

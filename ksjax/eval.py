@@ -16,8 +16,6 @@ from __future__ import annotations
 import sys
 
 from absl import app
-from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from ksjax import config_validation, errors, machine
@@ -29,10 +27,6 @@ _CONFIG = config_flags.DEFINE_config_file(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not flags.FLAGS["verbosity"].present:
-    # Library INFO lines (backends, Orbax handlers) would bury the results; --verbosity=0 shows
-    # them.
-    logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   if config is None:
     print("ksjax.eval: --config is required (e.g. --config=configs/eval.py "

@@ -16,7 +16,6 @@ them also through the binary.
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import json
 import os
@@ -27,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from struct import error as struct_error
 
 import gguf
@@ -717,34 +715,6 @@ def _files(root: str) -> list[str]:
                 for n in names)
 
 
-@contextlib.contextmanager
-def orbax_leftovers_dropped(settle_s: float = 0.2):
-  """Around failing Orbax restores: the errors they leave behind go unreported, until they are
-  over.
-
-  A failed restore leaves TensorStore reads running; their callbacks, on TensorStore's own threads
-  and after the exception, report "Event loop is closed" to sys.unraisablehook. pytest's hook
-  formats them with Python 3.11's caret anchors, i.e. ast.parse; when that races pytest's own
-  ast.parse of a traceback on the main thread (an xfail's, a failure's), CPython 3.11 (3.11.7
-  here) raises "AST constructor recursion depth mismatch" and the session ends in an
-  INTERNALERROR. So they are dropped while the block and its report run, and for `settle_s` after.
-  """
-  hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
-  try:
-    yield
-  finally:
-    time.sleep(settle_s)
-    gc.collect()  # the failed restores' coroutines, finalized while the hook still drops
-    sys.unraisablehook = hook
-
-
-@pytest.fixture
-def orbax_leftovers():
-  """`orbax_leftovers_dropped` over a test and its report (the fixture ends after the report)."""
-  with orbax_leftovers_dropped():
-    yield
-
-
 TINY_LLAMA = dict(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
                   head_dim=4, intermediate_size=16)
 
@@ -782,7 +752,7 @@ def run_dir(tmp_path_factory):
 @settings(max_examples=25 * SCALE, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_init_checkpoint_directories(model_checkpoint_dir, orbax_leftovers, data):
+def test_init_checkpoint_directories(model_checkpoint_dir, data):
   from ksjax import model  # pylint: disable=g-import-not-at-top
   from ksjax.run import policy  # pylint: disable=g-import-not-at-top
   actions = data.draw(damage_to(_files(model_checkpoint_dir)))
@@ -800,8 +770,7 @@ def test_init_checkpoint_directories(model_checkpoint_dir, orbax_leftovers, data
 @settings(max_examples=25 * SCALE, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_run_checkpoint_directories_as_the_eval_binary_reads_them(run_dir, orbax_leftovers,
-                                                                  data):
+def test_run_checkpoint_directories_as_the_eval_binary_reads_them(run_dir, data):
   """The eval binary's checks before it writes anything: the step list, then the manifest and
   the parameters' shapes of each selected step."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -822,7 +791,7 @@ def test_run_checkpoint_directories_as_the_eval_binary_reads_them(run_dir, orbax
 # Bugs this fuzzing found in ksjax.model.checkpoint, each pinned by an example.
 
 def test_init_checkpoint_with_metadata_of_another_shape_is_an_input_error(model_checkpoint_dir,
-                                                                          orbax_leftovers, tmp_path):
+                                                                          tmp_path):
   from ksjax.run import policy  # pylint: disable=g-import-not-at-top
   path = tmp_path / "checkpoint"
   shutil.copytree(model_checkpoint_dir, path)
@@ -834,7 +803,7 @@ def test_init_checkpoint_with_metadata_of_another_shape_is_an_input_error(model_
 
 
 def test_init_checkpoint_with_damaged_array_metadata_is_an_input_error(model_checkpoint_dir,
-                                                                       orbax_leftovers, tmp_path):
+                                                                       tmp_path):
   from ksjax import model  # pylint: disable=g-import-not-at-top
   path = tmp_path / "checkpoint"
   shutil.copytree(model_checkpoint_dir, path)
