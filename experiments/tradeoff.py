@@ -1,31 +1,34 @@
-"""The paper's trade-off at laptop scale: train every variant from one start, evaluate, compare.
+"""The embedded task's trade-off study: every objective from one start, matched steps, paired seeds.
 
-  python experiments/tradeoff.py                       # the published study (experiments/results/)
-  python experiments/tradeoff.py --study.seeds=0,1,2,3,4 --study.out=/tmp/tradeoff5
+  python experiments/tradeoff.py                       # the pre-registered study (results/tradeoff/)
+  python experiments/tradeoff.py --study.seeds=0,1,2 --study.out=/tmp/tradeoff3   # exploratory
   python experiments/tradeoff.py --study.quick=True --study.out=/tmp/smoke   # a one-minute smoke run
 
+The study is pre-registered: `experiments/preregistration/embedded_tradeoff.json` fixes its
+question, seeds, arms, design, statements and decision rule, and was committed before its first
+run. A study run with other settings is reported as exploratory.
+
 What it does, in order (each phase is skipped when its outputs exist, so an interrupted study
-resumes where it stopped: run the same command again):
+resumes where it stopped, whatever stopped it: run the same command again):
   1. start: one supervised warm-up of the tiny Llama on the embedded task (the trainer,
      `ksjax.trainer.loop.run`, with no RL steps); its policy `<out>/runs/start/start` is the
      common start and the KL reference of every run. It is evaluated like every checkpoint.
   2. runs: every variant x algorithm x seed, each a trainer run from that start with the same
-     budget (`steps` RL steps, the same completions per step) and its own seed (sampling,
-     mini-batch order; the prompts' order comes from the data seed, shared); the variants are
-     the configs in configs/ (mean, pass_at_k, biased_pass_at_k, pkpo_pass_at_k,
-     majority_vote, biased_majority_vote), the PPO form of each takes the PPO fields of
+     budget (`steps` RL steps, the same completions per step: matched steps) and its own seed
+     (sampling, mini-batch order; the prompts' order comes from the data seed, shared). The
+     variants are the configs in configs/; the PPO form of each takes the PPO fields of
      configs/ppo_pass_at_k.py. A run interrupted mid-way resumes from its newest checkpoint.
   3. evaluation: every checkpoint of every run (every `checkpoint_every` steps, and step 1,
-     which the trainer's Orbax manager saves as a run's first checkpoint) by the eval binary's own runner
-     (`ksjax.evaluation.runner.run`, what `python -m ksjax.eval` calls; in this process, so the
-     sampler compiles once per worker) on the held-out split: pass@k and maj@k for k up to 100
-     from `eval.num_samples` samples per problem, per level too. The KL to the start at a
-     checkpoint is the trainer's logged per-completion KL(pi || pi_start) (the k3 estimator, on
-     the training prompts), averaged over the `kl_window` steps before it.
-  4. report: `<out>/table.md` (the paper's Table 2 form: pass@1/10/100 per variant, mean +- std
-     over seeds, at the last checkpoint), `<out>/summary.json` (every number), the figures
-     (`metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`) and `<out>/README.md`,
-     which states each of the paper's claims, the numbers, and whether it reproduces here.
+     which the trainer's Orbax manager saves as a run's first checkpoint) by the eval binary's
+     own runner (`ksjax.evaluation.runner.run`, what `python -m ksjax.eval` calls) on the
+     held-out split: pass@k and maj@k from `eval.num_samples` samples per problem, per level
+     too, with per-problem counts kept in each record, and the KL to the start on the held-out
+     samples. The curves against step and against KL are these measured points.
+  4. report: `<out>/table.md` (pass@k per variant, mean +- std over seeds, at the last
+     checkpoint), `<out>/summary.json` (every number), the figures (`metrics_vs_step.png`,
+     `metrics_vs_kl.png`, `pass_at_k_vs_k.png`) and `<out>/README.md`, which states every
+     pre-registered statement with its paired difference over seeds, 95% interval, p-value and
+     verdict (`ksjax.evaluation.preregistration`, `ksjax.evaluation.statistics`).
 
 Runs are spread over `workers` processes (two on a two-core machine: the tiny model cannot
 use more than one core per process well); each writes its log to `<out>/logs/`. The wall time
@@ -38,12 +41,13 @@ import dataclasses
 import importlib.util
 import itertools
 import json
-import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import app
@@ -63,42 +67,47 @@ ALGORITHMS = ("pg", "ppo")
 # The fields that make configs/ppo_pass_at_k.py PPO; applied to every variant's PPO form.
 PPO_FIELDS = ("algorithm", "ppo_epochs", "num_minibatches", "clip_eps", "value_clip",
               "value_coef", "sparse_updates")
+# The statements, decision rule, seeds and design, committed before the study's first run.
+PREREGISTRATION = os.path.join("experiments", "preregistration", "embedded_tradeoff.json")
+# The study settings the pre-registration fixes: a study run with others is exploratory.
+REGISTERED_FIELDS = ("seeds", "variants", "algorithms", "levels", "warmup_steps", "modulus", "k",
+                     "steps", "checkpoint_every", "learning_rate", "eval.test_per_level",
+                     "eval.num_samples", "eval.ks", "eval.kl_samples")
 LABELS = {"mean": "mean", "pass_at_k": "pass@k", "biased_pass_at_k": "biased pass@k",
           "pkpo_pass_at_k": "pass@k, n=2k (PKPO)", "majority_vote": "majority vote",
           "biased_majority_vote": "biased majority vote"}
 
 
 def study_config() -> ml_collections.ConfigDict:
-  """Every setting of the study and its default (the published one)."""
+  """Every setting of the study and its default (the pre-registered one: PREREGISTRATION)."""
   c = ml_collections.ConfigDict()
-  c.out = os.path.join(REPO, "experiments", "results")
-  c.seeds = (0, 1, 2)
-  c.variants = VARIANTS
-  c.algorithms = ALGORITHMS
+  c.out = os.path.join(REPO, "experiments", "results", "tradeoff")
+  c.preregistration = PREREGISTRATION
+  c.seeds = tuple(range(8))
+  c.variants = ("mean", "pass_at_k", "biased_pass_at_k")
+  c.algorithms = ("pg",)
   c.workers = 2
   c.worker = -1  # internal: the worker index of a child process
   c.quick = False  # a smoke run: tiny budget everywhere (the test suite runs it)
-  # The task and the start: levels 1-3 of the embedded task, a 400-step warm-up (pass@1 about
-  # 0.46: level 1 0.72, level 3 0.23, inside the paper's 10-50% regime on the hard levels).
-  c.levels = (1, 2, 3)
+  # The sparse-signal regime, chosen on TRAINING problems only before any held-out number
+  # (benchmarks/calibrate_embedded_modulus.py, in the pre-registration): levels 2 and 3 of the
+  # embedded task, answers modulo 50, and a 400-step warm-up leave a low pass@1 and a pass@k
+  # below 1 at the largest k on the hard level, where the paper expects pass@k training to matter.
+  c.levels = (2, 3)
   c.warmup_steps = 400
-  # The task's modulus: answers 0..modulus-1 (ksjax.tasks.synthetic; with ten, the start had
-  # pass@100 = 1.000). Chosen on TRAINING problems only, before any held-out number, by
-  # `python benchmarks/calibrate_embedded_modulus.py` (12 problems per level, 100 samples): the
-  # start's level-3 pass@1 / pass@10 / pass@100 were 0.110 / 0.685 / 1.000 at 10, 0.074 / 0.516 /
-  # 1.000 at 20, 0.076 / 0.509 / 0.917 at 50, 0.110 / 0.629 / 1.000 at 100 (one warm-up each).
   c.modulus = 50
-  # The RL budget, the same for every variant: `steps` updates of 64 completions each
-  # (16 prompts x k, or 8 prompts x 2k for PKPO), a checkpoint every `checkpoint_every`.
+  # The RL budget, the same for every arm (matched steps): `steps` updates of 64 completions
+  # (16 prompts x k), a checkpoint every `checkpoint_every`, each evaluated.
   c.k = 4
-  c.steps = 300
-  c.checkpoint_every = 60
+  c.steps = 200
+  c.checkpoint_every = 50
   c.learning_rate = 1e-4  # the default run's (ksjax.run.config.embedded_task_config)
-  c.kl_window = 10
+  c.kl_window = 10  # only for runs whose evaluations carry no held-out KL
   c.eval = ml_collections.ConfigDict()
-  c.eval.test_per_level = 40
-  c.eval.num_samples = 100
-  c.eval.ks = (1, 2, 4, 10, 20, 50, 100)
+  c.eval.test_per_level = 100
+  c.eval.num_samples = 64
+  c.eval.ks = (1, 2, 4, 8, 16, 32, 64)
+  c.eval.kl_samples = 16  # held-out KL to the start from the first 16 samples of each problem
   c.eval.batch_prompts = 8
   return c
 
@@ -117,6 +126,7 @@ def quick(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.test_per_level = 2
   c.eval.num_samples = 4
   c.eval.ks = (1, 2, 4)
+  c.eval.kl_samples = 2
   return c
 
 
@@ -210,6 +220,10 @@ def eval_config(study, train_config: ml_collections.ConfigDict) -> ml_collection
   config.batch_prompts = study.eval.batch_prompts
   config.breakdown = ("level",)
   config.plots = False  # the study draws its own
+  # The KL to the common start on the held-out samples (the trainer's logged KL is on the
+  # training prompts), so that "at equal KL" reads measured held-out points.
+  config.kl_reference = os.path.join(study.out, "runs", "start", "start")
+  config.kl_samples = study.eval.kl_samples
   config.run = train_config
   return config
 
@@ -303,6 +317,27 @@ def refuse_dirty_tree(study) -> None:
     sys.exit(2)
 
 
+# Fault injection for the test that kills a study and reruns it (tests/experiments/): with
+# KSJAX_STUDY_KILL=<phase> the process kills itself with SIGKILL, as a stopped machine would,
+# in that phase: "train" once a run's first step checkpoint is on disk, "eval" once its first
+# evaluation record is, "publish" between the report's summary.json and README.md.
+KILL_ENV = "KSJAX_STUDY_KILL"
+
+
+def _maybe_stop(phase: str, when_exists: Callable[[], bool] | None = None) -> None:
+  if os.environ.get(KILL_ENV) != phase:
+    return
+  kill = lambda: os.kill(os.getpid(), signal.SIGKILL)
+  if when_exists is None:
+    kill()
+
+  def watch():
+    while not when_exists():
+      time.sleep(0.05)
+    kill()
+  threading.Thread(target=watch, daemon=True).start()
+
+
 def _done_path(study, name: str) -> str:
   return os.path.join(study.out, "runs", name, "study_done.json")
 
@@ -349,8 +384,13 @@ def run_one(study, run: Run) -> None:
   run_dir = RunDirectory(config.workdir)
   if not os.path.isdir(run_dir.final_dir):
     config.resume = os.path.isdir(run_dir.steps_dir)
+    _maybe_stop("train", lambda: os.path.isdir(run_dir.steps_dir) and any(
+        name.isdigit() for name in os.listdir(run_dir.steps_dir)))
     loop.run(config)
   trained = time.time()
+  evaluated = eval_dir(study, config)
+  _maybe_stop("eval", lambda: os.path.isdir(evaluated) and any(
+      name.startswith("step_") for name in os.listdir(evaluated)))
   runner.run(eval_config(study, config))
   done = time.time()
   _write_json(_done_path(study, run.name),
@@ -428,7 +468,7 @@ def run_curves(records: Sequence[Mapping[str, Any]], metrics_rows, window: int,
                start: Mapping[str, Any]) -> dict[str, Any]:
   """{"steps": [...], "kl": [...], "metrics": {name: [...]}} with the start as step 0."""
   records = [start] + sorted((r for r in records if r["step"] != 0), key=lambda r: r["step"])
-  names = list(start["metrics"]) + [f"level{g.split('=')[1]}/{m}" for g in start["groups"]
+  names = [m for m in start["metrics"] if not m.startswith("kl_")] + [f"level{g.split('=')[1]}/{m}" for g in start["groups"]
                                     for m in start["groups"][g] if m != "num_problems"]
 
   def value(record, name):
@@ -437,8 +477,11 @@ def run_curves(records: Sequence[Mapping[str, Any]], metrics_rows, window: int,
       return record["groups"][f"level={level[5:]}"][metric]
     return record["metrics"][name]
 
-  return {"steps": [r["step"] for r in records],
-          "kl": [kl_at(metrics_rows, r["step"], window) for r in records],
+  # The held-out KL of the eval binary where the record has it (0 for the start itself), else
+  # the trainer's logged KL on training prompts.
+  kl = [0.0 if r is start else r["metrics"]["kl_k3"] if "kl_k3" in r["metrics"]
+        else kl_at(metrics_rows, r["step"], window) for r in records]
+  return {"steps": [r["step"] for r in records], "kl": kl,
           "metrics": {name: [value(r, name) for r in records] for name in names}}
 
 
@@ -447,31 +490,10 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
   return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
-def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, float | str]:
-  """Mean of a minus mean of b over seeds, its standard error, and a verdict: "reproduces"
-  (difference above two standard errors), "same direction, within noise", "does not
-  reproduce", or, when every value is equal (e.g. a saturated pass@100), "no difference". With
-  a and b paired by seed (the same length, seed i at index i, as every statement here has them),
-  also `seeds_holding`: on how many seeds a > b. A statement is robust when it holds on all."""
-  a, b = np.asarray(a, float), np.asarray(b, float)
-  holding = {"seeds_holding": int(np.sum(a > b)), "seeds": len(a)} if len(a) == len(b) else {}
-  diff = float(a.mean() - b.mean())
-  se = float(math.sqrt((a.var(ddof=1) / len(a) if len(a) > 1 else 0.0)
-                       + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)))
-  if diff == 0 and se == 0:
-    verdict = "no difference (identical values)"
-  elif diff > 2 * se and diff > 0:
-    verdict = "reproduces"
-  elif diff > 0:
-    verdict = "same direction, within noise"
-  else:
-    verdict = "does not reproduce"
-  return {"difference": diff, "standard_error": se, "verdict": verdict, **holding}
-
-
 def at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
-  """A curve's value at KL = target, linearly interpolated along the (step-ordered) curve, at
-  the first point where its KL reaches the target (nan if it never does)."""
+  """A curve's value at KL = target, linearly interpolated between the two measured points
+  around it (the step-ordered curve's first crossing); nan where the curve never reaches it, so
+  nothing is extrapolated beyond a measurement."""
   for i in range(1, len(kl)):
     lo, hi = kl[i - 1], kl[i]
     if hi >= target >= lo:
@@ -480,84 +502,29 @@ def at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
   return float("nan")
 
 
-def claims(final: Mapping[str, Mapping[str, Sequence[float]]],
-           curves: Mapping[str, Sequence[Mapping[str, Any]]], algorithm: str, k: int,
-           ks: Sequence[int]) -> list[dict[str, Any]]:
-  """The paper's statements, checked on one algorithm's runs.
+def statement_values(prereg, data: Mapping[str, Any], algorithm: str = "pg"
+                     ) -> dict[str, tuple[list[float], list[float]]]:
+  """{statement id: (arm a's values, arm b's values)}, one per seed in the study's seed order.
 
-  Args:
-    final: "<algorithm>_<variant>" -> metric -> one value per seed, at the last checkpoint
-      (and "kl").
-    curves: "<algorithm>_<variant>" -> one run_curves dict per seed.
-    algorithm: "pg" or "ppo".
-    k: the training k; ks: the evaluated k.
-  """
-  big = max(ks)
-  mid = max(x for x in ks if x <= 10)
-  g = lambda variant: final[f"{algorithm}_{variant}"]
-  out = []
-
-  def claim(text, a, b, metric_a, metric_b=None, variants=("", "")):
-    result = compare(a, b)
-    out.append({"algorithm": algorithm, "claim": text, "a": variants[0], "b": variants[1],
-                "metric": metric_a if metric_b is None else f"{metric_a} vs {metric_b}",
-                "a_mean": float(np.mean(a)), "b_mean": float(np.mean(b)), **result})
-
-  have = lambda *vs: all(f"{algorithm}_{v}" in final for v in vs)
-  if have("pass_at_k", "mean"):
-    for kk in sorted({k, mid, big}):
-      claim(f"training for pass@k raises pass@{kk} more than training for the mean",
-            g("pass_at_k")[f"pass@{kk}"], g("mean")[f"pass@{kk}"], f"pass@{kk}",
-            variants=("pass_at_k", "mean"))
-    claim("training for the mean gives the higher pass@1 (pass@k training pays for its "
-          "pass@k in pass@1)", g("mean")["pass@1"], g("pass_at_k")["pass@1"], "pass@1",
-          variants=("mean", "pass_at_k"))
-    gain = lambda kk: (np.asarray(g("pass_at_k")[f"pass@{kk}"])
-                       - np.asarray(g("mean")[f"pass@{kk}"]))
-    claim(f"the advantage of pass@k training over mean training grows with test-time k "
-          f"(pass@{mid} gap minus pass@1 gap)", gain(mid), gain(1), f"pass@{mid} - pass@1 gaps",
-          variants=("pass_at_k - mean", "pass_at_k - mean"))
-    claim("training for the mean moves further from the start in the same number of steps "
-          "(final KL)", g("mean")["kl"], g("pass_at_k")["kl"], "kl",
-          variants=("mean", "pass_at_k"))
-    if have("biased_pass_at_k"):
-      for metric in ("pass@1", f"pass@{mid}"):
-        lo_v, hi_v = (("pass_at_k", "mean") if metric == "pass@1" else ("mean", "pass_at_k"))
-        claim(f"biased pass@k sits between pass@k and the mean on {metric} (above {LABELS[lo_v]})",
-              g("biased_pass_at_k")[metric], g(lo_v)[metric], metric,
-              variants=("biased_pass_at_k", lo_v))
-        claim(f"biased pass@k sits between pass@k and the mean on {metric} (below {LABELS[hi_v]})",
-              g(hi_v)[metric], g("biased_pass_at_k")[metric], metric,
-              variants=(hi_v, "biased_pass_at_k"))
-    # KL efficiency: pass@k (the trained k) at the KL every compared run reaches.
-    for variant in ("pass_at_k", "biased_pass_at_k"):
-      if not have(variant):
+  "last": the metric at the last checkpoint (every arm runs the same steps, so this is the
+  comparison at matched steps). "kl": the metric at the held-out KL to the start that every run
+  of both arms reaches (the smallest of their final KLs), read off each run's measured curve by
+  interpolating between the two checkpoints around it."""
+  out = {}
+  for statement in prereg.statements:
+    a, b = (f"{algorithm}_{arm}" for arm in (statement.a, statement.b))
+    if a not in data["final"] or b not in data["final"]:
+      continue
+    if statement.at == "last":
+      if statement.metric not in data["final"][a]:
         continue
-      pair = [curves[f"{algorithm}_{variant}"], curves[f"{algorithm}_mean"]]
-      target = min(c["kl"][-1] for runs in pair for c in runs)
-      values = [[at_kl(c["kl"], c["metrics"][f"pass@{k}"], target) for c in runs]
-                for runs in pair]
-      claim(f"{LABELS[variant]} is more KL-efficient than the mean: higher pass@{k} at the same "
-            f"KL ({target:.3f}, the smallest final KL of the two)", values[0], values[1],
-            f"pass@{k} at KL {target:.3f}", variants=(variant, "mean"))
-    level_gap = lambda level: (np.asarray(g("pass_at_k")[f"level{level}/pass@{mid}"])
-                               - np.asarray(g("mean")[f"level{level}/pass@{mid}"]))
-    levels = sorted({int(name[5:].split("/")[0]) for name in g("mean") if
-                     name.startswith("level")})
-    if len(levels) > 1:
-      claim(f"the pass@k gain over the mean comes from the hard problems (pass@{mid} gap on "
-            f"level {levels[-1]} minus level {levels[0]})", level_gap(levels[-1]),
-            level_gap(levels[0]), f"level pass@{mid} gaps",
-            variants=(f"level {levels[-1]}", f"level {levels[0]}"))
-  if have("pkpo_pass_at_k", "pass_at_k"):
-    claim(f"(beyond the paper) pass@k from n = 2k samples (PKPO) raises pass@{k} at least as "
-          f"much as from n = k, at the same completions per step",
-          g("pkpo_pass_at_k")[f"pass@{k}"], g("pass_at_k")[f"pass@{k}"], f"pass@{k}",
-          variants=("pkpo_pass_at_k", "pass_at_k"))
-  if have("majority_vote", "mean"):
-    claim(f"training for majority voting raises maj@{k} more than training for the mean",
-          g("majority_vote")[f"maj@{k}"], g("mean")[f"maj@{k}"], f"maj@{k}",
-          variants=("majority_vote", "mean"))
+      out[statement.id] = (list(data["final"][a][statement.metric]),
+                           list(data["final"][b][statement.metric]))
+    else:
+      runs = [data["curves"][a], data["curves"][b]]
+      target = min(c["kl"][-1] for arm in runs for c in arm)
+      out[statement.id] = tuple(
+          [at_kl(c["kl"], c["metrics"][statement.metric], target) for c in arm] for arm in runs)
   return out
 
 
@@ -660,12 +627,55 @@ def figures(study, data: Mapping[str, Any]) -> list[str]:
   return paths
 
 
+def registered_design(study, prereg) -> list[str]:
+  """The settings where this study departs from its pre-registration (empty: none)."""
+  design = dict(prereg.design)
+  design.update(seeds=list(prereg.seeds))
+  changed = []
+  for field in REGISTERED_FIELDS:
+    value = study
+    for part in field.split("."):
+      value = value[part]
+    want = design.get(field)
+    if want is None or list(np.atleast_1d(value)) != list(np.atleast_1d(want)):
+      changed.append(f"{field}={value!r} (registered: {want!r})")
+  return changed
+
+
+def judged(study, data: Mapping[str, Any]) -> dict[str, Any]:
+  """The pre-registered statements' verdicts: paired over seeds, Holm across the primary ones.
+  A study that departs from its registration (other seeds, arms, budget) or whose registration
+  does not precede its runs is judged as exploratory."""
+  from ksjax.evaluation import preregistration  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import statistics  # pylint: disable=g-import-not-at-top
+  prereg = preregistration.load(os.path.join(REPO, study.preregistration))
+  provenance = _read_json(os.path.join(study.out, "provenance.json"), {})
+  order = preregistration.registration(REPO, study.preregistration, provenance.get("commit"))
+  departures = registered_design(study, prereg)
+  registered = not departures and order["precedes"] is True
+  rows = []
+  for algorithm in study.algorithms:
+    for row in preregistration.judge(prereg, statement_values(prereg, data, algorithm),
+                                     registered=registered):
+      rows.append({**row, "algorithm": algorithm})
+  power = {}
+  primary = [r for r in rows if r.get("kind") == "primary" and "differences" in r]
+  if primary and len(primary[0]["differences"]) > 1:
+    sd = float(np.std(primary[0]["differences"], ddof=1))
+    power = {"statement": primary[0]["id"], "sd_of_differences": sd,
+             "seeds": len(primary[0]["differences"]),
+             "minimum_detectable_effect": statistics.minimum_detectable_effect(
+                 sd, len(primary[0]["differences"])) if sd > 0 else 0.0}
+  return {"rows": rows, "registration": order, "departures": departures,
+          "registered": registered, "line": preregistration.registration_line(order),
+          "table": preregistration.table(rows), "power": power}
+
+
 def report(study, argv_command: str) -> None:
   """Phase 4: table.md, summary.json, the figures and README.md in `study.out`."""
   data = collect(study)
   table_text = table(study, data)
-  found = [c for algorithm in study.algorithms
-           for c in claims(data["final"], data["curves"], algorithm, study.k, study.eval.ks)]
+  verdicts = judged(study, data)
   timing = _read_json(os.path.join(study.out, "timing.json"), {})
   provenance = _read_json(os.path.join(study.out, "provenance.json"), {})
   done = {r.name: _read_json(_done_path(study, r.name)) for r in runs_of(study)}
@@ -674,17 +684,21 @@ def report(study, argv_command: str) -> None:
   if os.path.commonpath([study.out, REPO]) == REPO:
     settings["out"] = os.path.relpath(study.out, REPO)
   summary = {"study": settings, "command": argv_command, "provenance": provenance,
-             "timing": timing,
-             "runs": done, "claims": found, "final": data["final"],
-             "curves": data["curves"], "start": data["start"]["metrics"]}
+             "timing": timing, "runs": done,
+             "statements": verdicts["rows"], "registration": verdicts["registration"],
+             "departures": verdicts["departures"], "power": verdicts["power"],
+             "final": data["final"], "curves": data["curves"],
+             "start": data["start"]["metrics"]}
+  _maybe_stop("publish")
   _write_json(os.path.join(study.out, "summary.json"), summary)
   files.write_text(os.path.join(study.out, "table.md"), table_text + "\n")
   figures(study, data)
+  power = verdicts["power"]
   lines = [
       "# Trade-off study: results",
       "",
       f"Produced by `{argv_command}` (every file in this directory; regenerate with the same "
-      "command, after deleting the directory for a fresh study)"
+      "command, which trains nothing when the runs' records are here)"
       + (f" at ksjax commit `{provenance['commit'][:7]}`"
          + (" with uncommitted changes" if provenance.get("uncommitted_changes") else "")
          + (f" on {provenance['machine']}" if provenance.get("machine") else "")
@@ -692,56 +706,61 @@ def report(study, argv_command: str) -> None:
          + ("" if not provenance.get("resumed_at") else ", resumed at "
             + ", ".join(f"`{c[:7]}`" for c in provenance["resumed_at"]))
          if provenance.get("commit") else "")
-      + ". Floating-point results depend on the code, so an exact regeneration needs that commit.",
+      + ". Floating-point results depend on the code and the CPU, so an exact regeneration of "
+      "the runs needs that commit and machine.",
       "",
       f"Setup: embedded task levels {tuple(study.levels)}, modulus {study.modulus}, "
       f"{study.eval.test_per_level} held-out "
       f"problems per level, tiny Llama; one supervised warm-up of {study.warmup_steps} steps is "
-      f"the start of every run; {study.steps} RL steps per run (64 completions a step, "
-      f"learning rate {study.learning_rate:g}, k = {study.k}); seeds {tuple(study.seeds)}; "
-      f"every checkpoint ({study.checkpoint_every} steps apart) evaluated with "
+      f"the start of every run; {study.steps} RL steps per run for every arm (matched steps; 64 "
+      f"completions a step, learning rate {study.learning_rate:g}, k = {study.k}); seeds "
+      f"{tuple(study.seeds)}, paired: every arm of a seed shares its start, data order and "
+      f"machine; every checkpoint ({study.checkpoint_every} steps apart) evaluated with "
       f"{study.eval.num_samples} samples per problem at temperature 1.",
       "",
       "## Last checkpoint (mean ± std over seeds)",
       "",
       table_text,
       "",
-      "KL: the trainer's per-completion KL(policy || start) estimate (k3) on training prompts, "
-      f"averaged over the {study.kl_window} steps before the checkpoint.",
+      f"KL: the eval binary's per-completion KL(policy || start) (k3) on the held-out samples "
+      f"(the first {study.eval.kl_samples} of each problem).",
       "",
-      "## The paper's statements, checked",
+      "## Statements",
       "",
-      "Difference = mean of the first minus mean of the second over seeds; it reproduces when the "
-      "difference exceeds two standard errors. Seeds: on how many seeds the first is above the "
-      "second (same-seed pairs); a statement is robust when it holds on every seed.",
+      verdicts["line"],
       "",
-      "| method | statement | first | second | difference ± s.e. | verdict | seeds |",
-      "|---|---|---|---|---|---|---|",
+      ("Every statement was judged as pre-registered in "
+       f"`{study.preregistration}`: paired t-test over seeds, two-sided, Holm across the "
+       "primary statements." if verdicts["registered"] else
+       "**Exploratory:** this study does not run as registered in "
+       f"`{study.preregistration}`"
+       + (f" ({'; '.join(verdicts['departures'])})" if verdicts["departures"] else "")
+       + ", so no statement is called supported."),
+      "",
+      verdicts["table"],
+      "",
   ]
-  for c in found:
-    lines.append(f"| {c['algorithm']} | {c['claim']} | {c['a_mean']:.3f} | {c['b_mean']:.3f} | "
-                 f"{c['difference']:+.3f} ± {c['standard_error']:.3f} | {c['verdict']} | "
-                 f"{c['seeds_holding']} of {c['seeds']} |")
-  big = max(study.eval.ks)
-  start_big = data["start"]["metrics"][f"pass@{big}"]
-  if start_big > 0.99:
-    lines += ["", f"Note: the start already has pass@{big} = {start_big:.3f}. With answers "
-              f"modulo {study.modulus}, a policy that keeps some randomness finds the right one "
-              f"among {big} samples; pass@{big} here can only show a policy that collapsed onto "
-              "wrong answers, and the comparisons use smaller test-time k."]
+  if power:
+    lines += [f"Power: with {power['seeds']} seeds and the observed between-seed sd of the "
+              f"{power['statement']} difference ({power['sd_of_differences']:.4f}), the paired "
+              f"test detects a difference of {power['minimum_detectable_effect']:.4f} with 80% "
+              "power at alpha 0.05; smaller true differences may go unseen.", ""]
   total = sum(timing.values())
-  lines += ["", "## Time", "",
+  lines += ["## Time", "",
             f"Wall time {total / 60:.1f} min ("
             + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(timing.items())) + ") with "
             f"{study.workers} worker process(es).", "",
             "Figures: `metrics_vs_step.png`, `metrics_vs_kl.png`, `pass_at_k_vs_k.png`; every "
-            "number: `summary.json`; per-checkpoint records: `runs/<run>/eval/`."]
+            "number: `summary.json`; per-checkpoint records with per-problem counts: "
+            "`runs/<run>/eval/`."]
   files.write_text(os.path.join(study.out, "README.md"), "\n".join(lines) + "\n")
   _say(f"report: {os.path.join(study.out, 'README.md')}")
   print(table_text, flush=True)
 
 
 def main(argv: Sequence[str]) -> None:
+  from ksjax import errors  # pylint: disable=g-import-not-at-top
+  errors.quiet_library_info()  # no absl/JAX INFO line before the study's own (--verbosity: back)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   study = _STUDY.value
@@ -761,7 +780,22 @@ def main(argv: Sequence[str]) -> None:
   if study.worker >= 0:
     worker(study)
     return
+  from ksjax.config_validation import ConfigError  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import preregistration  # pylint: disable=g-import-not-at-top
+  try:
+    prereg = preregistration.load(os.path.join(REPO, study.preregistration))
+  except ConfigError as e:
+    print(f"tradeoff: {e}", file=sys.stderr)
+    sys.exit(2)
   refuse_dirty_tree(study)
+  if not study.quick:
+    departures = registered_design(study, prereg)
+    budget = prereg.raw.get("budget", {})
+    _say(f"pre-registration {study.preregistration}: "
+         + ("this study runs as registered" if not departures else
+            "this study departs from it (" + "; ".join(departures) + "): exploratory")
+         + (f"; registered budget about {budget['cpu_hours']} CPU-hours ({budget.get('basis')})"
+            if "cpu_hours" in budget else ""))
   os.makedirs(study.out, exist_ok=True)
   _record_provenance(study)
   flags_given = [a for a in sys.argv[1:] if not a.startswith("--study.worker")]

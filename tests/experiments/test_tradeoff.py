@@ -25,22 +25,6 @@ def tradeoff():
   return sys.modules[name]
 
 
-def test_compare_verdicts(tradeoff):
-  clear = tradeoff.compare([0.6, 0.61, 0.59], [0.5, 0.51, 0.49])
-  assert clear["verdict"] == "reproduces"
-  assert clear["difference"] == pytest.approx(0.1)
-  # se = sqrt(var_a / 3 + var_b / 3) with sample variances
-  assert clear["standard_error"] == pytest.approx(np.sqrt(2 * np.var([0.6, 0.61, 0.59],
-                                                                      ddof=1) / 3))
-  assert tradeoff.compare([0.6, 0.4, 0.5], [0.45, 0.5, 0.49])["verdict"] == (
-      "same direction, within noise")
-  assert tradeoff.compare([0.4, 0.41], [0.5, 0.52])["verdict"] == "does not reproduce"
-  # robustness: on how many seeds (same-seed pairs) the first is above the second
-  assert {k: clear[k] for k in ("seeds_holding", "seeds")} == {"seeds_holding": 3, "seeds": 3}
-  assert tradeoff.compare([0.6, 0.4, 0.5], [0.45, 0.5, 0.49])["seeds_holding"] == 2
-  assert tradeoff.compare([1.0, 1.0], [1.0, 1.0])["verdict"].startswith("no difference")
-
-
 def test_at_kl_interpolates_along_the_curve(tradeoff):
   kl, values = [0.0, 1.0, 3.0], [0.2, 0.4, 0.8]
   assert tradeoff.at_kl(kl, values, 0.5) == pytest.approx(0.3)
@@ -56,52 +40,93 @@ def test_kl_at_averages_the_window_before_the_checkpoint(tradeoff):
   assert tradeoff.kl_at(rows, 2, 5) == pytest.approx(1.5)
 
 
-def _final(pass1, pass10, kl, maj4=0.5, seeds=3):
-  out = {"pass@1": [pass1] * seeds, "pass@4": [pass10] * seeds, "pass@10": [pass10] * seeds,
-         "maj@4": [maj4] * seeds, "kl": [kl] * seeds,
-         "level1/pass@10": [pass10] * seeds, "level3/pass@10": [pass10] * seeds}
-  return {k: list(np.asarray(v) + np.asarray([0.0, 0.001, -0.001][:seeds])) for k, v in
-          out.items()}
-
-
-def test_claims_read_the_papers_direction(tradeoff):
-  final = {"pg_mean": _final(0.6, 0.7, kl=2.0, maj4=0.6),
-           "pg_pass_at_k": _final(0.5, 0.8, kl=1.0, maj4=0.5),
-           "pg_biased_pass_at_k": _final(0.55, 0.75, kl=1.5),
-           "pg_majority_vote": _final(0.55, 0.7, kl=1.0, maj4=0.7)}
+def _data(seeds=8):
+  """Per-seed final values and curves of three arms; pass@k above the mean at pass@4 on every
+  seed by 0.05 with seed noise, the mean above at pass@1."""
+  rng = np.random.default_rng(0)
+  noise = lambda: rng.normal(0.0, 0.01, seeds)
+  final = {"pg_mean": {"pass@1": 0.3 + noise(), "pass@4": 0.5 + noise(), "pass@64": 0.9 + noise(),
+                       "kl": 1.0 + noise()},
+           "pg_pass_at_k": {"pass@1": 0.25 + noise(), "pass@4": 0.55 + noise(),
+                            "pass@64": 0.9 + noise(), "kl": 1.0 + noise()}}
+  final = {arm: {m: list(v) for m, v in values.items()} for arm, values in final.items()}
   curve = lambda kl, p4: {"kl": [0.0, kl], "metrics": {"pass@4": [0.3, p4]}}
-  curves = {"pg_mean": [curve(2.0, 0.7)] * 3, "pg_pass_at_k": [curve(1.0, 0.8)] * 3,
-            "pg_biased_pass_at_k": [curve(1.5, 0.75)] * 3}
-  found = tradeoff.claims(final, curves, "pg", 4, (1, 4, 10))
-  verdicts = {c["claim"]: c["verdict"] for c in found}
-  assert verdicts["training for pass@k raises pass@10 more than training for the mean"] == (
-      "reproduces")
-  assert verdicts["training for the mean gives the higher pass@1 (pass@k training pays for "
-                  "its pass@k in pass@1)"] == "reproduces"
-  kl_claim = next(c for c in found if c["claim"].startswith("pass@k is more KL-efficient"))
-  # at KL 1.0 the mean's curve is at 0.3 + (0.7 - 0.3) / 2 = 0.5, pass@k's at 0.8
-  assert kl_claim["b_mean"] == pytest.approx(0.5)
-  assert kl_claim["a_mean"] == pytest.approx(0.8)
-  assert verdicts["training for majority voting raises maj@4 more than training for the mean"] \
-      == "reproduces"
-  # Swap the roles: the same statements now fail.
-  swapped = dict(final, pg_mean=final["pg_pass_at_k"], pg_pass_at_k=final["pg_mean"])
-  verdicts = {c["claim"]: c["verdict"] for c in
-              tradeoff.claims(swapped, curves, "pg", 4, (1, 4, 10))}
-  assert verdicts["training for pass@k raises pass@10 more than training for the mean"] == (
-      "does not reproduce")
+  curves = {"pg_mean": [curve(2.0, 0.7)] * seeds, "pg_pass_at_k": [curve(1.0, 0.8)] * seeds}
+  return {"final": final, "curves": curves}
+
+
+def _prereg(tmp_path, primary, secondary=()):
+  from ksjax.evaluation import preregistration
+  path = tmp_path / "prereg.json"
+  path.write_text(json.dumps({
+      "study": "t", "seeds": list(range(8)), "arms": {"mean": "", "pass_at_k": ""},
+      "decision_rule": {"test": "paired_t", "alpha": 0.05, "correction": "holm"},
+      "primary": list(primary), "secondary": list(secondary)}))
+  return preregistration.load(str(path))
+
+
+def test_statement_values_read_the_last_checkpoint_and_the_measured_kl_curve(tradeoff,
+                                                                             tmp_path):
+  prereg = _prereg(tmp_path, [
+      {"id": "P1", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@4"}], [
+      {"id": "S1", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@4", "at": "kl"},
+      {"id": "S2", "text": "", "a": "pass_at_k", "b": "mean", "metric": "maj@4"}])
+  data = _data()
+  values = tradeoff.statement_values(prereg, data)
+  assert values["P1"] == (data["final"]["pg_pass_at_k"]["pass@4"],
+                          data["final"]["pg_mean"]["pass@4"])
+  # at KL 1.0 (the smallest final KL) the mean's curve is halfway: 0.3 + (0.7 - 0.3) / 2
+  np.testing.assert_allclose(values["S1"][1], [0.5] * 8)
+  np.testing.assert_allclose(values["S1"][0], [0.8] * 8)
+  assert "S2" not in values  # not measured: the report says so rather than inventing it
+
+
+def test_the_report_judges_paired_over_seeds_with_holm(tradeoff, tmp_path):
+  from scipy import stats
+  from ksjax.evaluation import preregistration
+  prereg = _prereg(tmp_path, [
+      {"id": "P1", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@4"},
+      {"id": "P2", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@1"},
+      {"id": "P3", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@64"}])
+  data = _data()
+  rows = {r["id"]: r for r in preregistration.judge(prereg,
+                                                    tradeoff.statement_values(prereg, data))}
+  a, b = data["final"]["pg_pass_at_k"]["pass@4"], data["final"]["pg_mean"]["pass@4"]
+  assert rows["P1"]["p_value"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+  assert rows["P1"]["verdict"].startswith("supported: pass_at_k above mean")
+  assert rows["P2"]["verdict"].startswith("supported: pass_at_k below mean")
+  assert rows["P3"]["verdict"].startswith("not supported")
+  ps = [rows[i]["p_value"] for i in ("P1", "P2", "P3")]
+  assert max(rows[i]["p_holm"] for i in ("P1", "P2", "P3")) >= max(ps)
+  # Unregistered (a departure from the design, or a registration after the runs): nothing is
+  # supported, whatever the p-value.
+  exploratory = preregistration.judge(prereg, tradeoff.statement_values(prereg, data),
+                                      registered=False)
+  assert {r["verdict"] for r in exploratory} == {"exploratory (not pre-registered)"}
+
+
+def test_a_study_with_other_settings_departs_from_its_registration(tradeoff):
+  from ksjax.evaluation import preregistration
+  prereg = preregistration.load(os.path.join(REPO, tradeoff.PREREGISTRATION))
+  study = tradeoff.study_config()
+  assert tradeoff.registered_design(study, prereg) == []
+  study.seeds = (0, 1, 2)
+  study.steps = 300
+  departures = tradeoff.registered_design(study, prereg)
+  assert len(departures) == 2 and departures[0].startswith("seeds=")
 
 
 def test_run_configs_share_budget_and_start(tradeoff):
   study = tradeoff.study_config()
   runs = tradeoff.runs_of(study)
-  assert len(runs) == 6 * 2 * 3
+  assert len(runs) == 3 * 1 * 8
   configs = [tradeoff.run_config(study, run) for run in runs]
   for run, config in zip(runs, configs):
     assert config.batch_prompts * (config.n or config.k) == 64
     assert config.init_checkpoint.endswith(os.path.join("runs", "start", "start"))
     assert config.num_steps == study.steps and config.k == study.k
     assert config.algorithm == run.algorithm and config.seed == run.seed
+  assert config.init_checkpoint.endswith(os.path.join("runs", "start", "start"))
   pkpo = tradeoff.run_config(study, tradeoff.Run("pg", "pkpo_pass_at_k", 0))
   assert pkpo.n == 2 * study.k
   ppo = tradeoff.run_config(study, tradeoff.Run("ppo", "biased_majority_vote", 1))
@@ -221,3 +246,35 @@ def test_provenance_is_the_commit_that_made_the_runs(tradeoff, tmp_path, monkeyp
   assert read() == {"commit": "a" * 40, "uncommitted_changes": False, "machine": "cpu A",
                     "resumed_at": ["b" * 40], "resumed_on": ["cpu B"]}
   assert json.loads((tmp_path / "timing.json").read_text()) == {"runs": 60.0}  # a resume adds
+
+
+def _published(out) -> dict:
+  """The published files' contents, less what only measures time (wall time, seconds), with the
+  output directory's own path written as OUT."""
+  text = lambda name: (out / name).read_text().replace(str(out), "OUT")
+  summary = json.loads(text("summary.json"))
+  for key in ("timing", "runs"):
+    summary.pop(key)
+  readme = text("README.md")
+  return {"summary": summary, "table": text("table.md"), "readme": readme[:readme.index("## Time")]}
+
+
+@pytest.mark.slow
+def test_a_study_killed_anywhere_publishes_what_an_uninterrupted_one_does(tmp_path):
+  """SIGKILL during training (after a run's first checkpoint), during the eval binary (after
+  its first record) and during publishing (between summary.json and README.md); each rerun
+  resumes, and the last one publishes the same files as a study that was never stopped."""
+  straight = tmp_path / "straight"
+  assert _study(straight).returncode == 0
+  stopped = tmp_path / "stopped"
+  for phase in ("train", "eval", "publish"):
+    killed = subprocess.run(
+        [sys.executable, SCRIPT, "--study.quick=True", f"--study.out={stopped}"],
+        capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+        env={**os.environ, "KSJAX_STUDY_KILL": phase})
+    assert killed.returncode != 0, (phase, killed.stdout[-2000:])
+  assert not (stopped / "README.md").exists()  # the publish kill came before it
+  final = _study(stopped)
+  assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+  assert _published(stopped)["summary"]["final"] == _published(straight)["summary"]["final"]
+  assert _published(stopped) == _published(straight)
