@@ -55,7 +55,7 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             (KSJAX_MALLOC): glibc as it is, glibc on transparent huge pages, and jemalloc where
             the system has it or --jemalloc=PATH names one; seconds, peak resident memory and
             ratios. This script, like the entry points, re-executes itself with the best one
-            there is (`machine.reexec_with_allocator`); the first line names it.
+            there is (`allocator.reexec_with_allocator`); the first line names it.
   config    the time split of the real-model config's own steps (configs/smollm2_pass_at_k.py:
             sampling, reward, reference, update) and its compilations per step, from a short
             run of the trainer (no held-out evaluation), with config.model.matmul_dtype set to
@@ -84,7 +84,7 @@ from flax import nnx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ksjax import machine, model, sampling  # pylint: disable=wrong-import-position
+from ksjax import allocator, model, sampling  # pylint: disable=wrong-import-position
 from ksjax.sampling import batching, sampler  # pylint: disable=wrong-import-position
 from decoding import decode_program, random_prompts, seconds_per_step  # pylint: disable=wrong-import-position
 
@@ -459,21 +459,21 @@ def part_train(llama, cfg, repeats):
 
 def part_malloc(repeats: int, jemalloc: str | None):
   """The train part in child processes, one after the other, under each allocator the entry points
-  can re-execute with (`machine.malloc_environment`): glibc as it is (KSJAX_MALLOC=off), glibc on
+  can re-execute with (`allocator.malloc_environment`): glibc as it is (KSJAX_MALLOC=off), glibc on
   transparent huge pages (glibc), and jemalloc (the system's, or --jemalloc=PATH) where there is
   one; each child's update and reference seconds, its peak resident memory, and the ratios to
   glibc as it is."""
   import re  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   choices = ["off", "glibc"]
-  if jemalloc or machine.find_jemalloc():
+  if jemalloc or allocator.find_jemalloc():
     choices.append(jemalloc or "jemalloc")
   else:
     print("[malloc] no jemalloc on this system (Debian, Ubuntu: apt install libjemalloc2; or "
           "--jemalloc=PATH): glibc only")
   seconds = {}
   for choice in choices:
-    env = {**machine.without_allocator(os.environ), machine.MALLOC_CHOICE: choice}
+    env = {**allocator.without_allocator(os.environ), allocator.MALLOC_CHOICE: choice}
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--parts=train",
                           f"--repeats={repeats}", "--matmul_dtypes=float32"], env=env,
                          capture_output=True, text=True, check=True).stdout
@@ -527,7 +527,7 @@ def part_config(steps: int, matmul_dtype: str):
   kept = statistics.mean(line["update/rows_fraction"] for line in later)
   print(f"  generated tokens per step {length * config.batch_prompts * config.k:.0f}, "
         f"update rows kept {kept:.0%}; peak resident memory of this process "
-        f"{peak_memory_gib():.1f} GiB ({machine.allocator_line()})")
+        f"{peak_memory_gib():.1f} GiB ({allocator.allocator_line()})")
 
 
 def main():
@@ -565,7 +565,7 @@ def main():
     part_malloc(args.repeats, args.jemalloc)
   print(f"model: SmolLM2-135M from {os.path.basename(path)}, {cfg.num_params / 1e6:.0f}M "
         f"parameters, float32, matmul operands in {precisions}; devices {jax.devices()}; "
-        f"{threads} CPU threads; {machine.allocator_line()}")
+        f"{threads} CPU threads; {allocator.allocator_line()}")
   parts = args.parts.split(",")
   configs = args.configs.split(",")
   if "sample" in parts:
@@ -600,5 +600,5 @@ def main():
 
 
 if __name__ == "__main__":
-  machine.reexec_with_allocator("real_model.py")  # as the entry points do (malloc_environment)
+  allocator.reexec_with_allocator("real_model.py")  # as the entry points do (malloc_environment)
   main()

@@ -14,7 +14,7 @@ import sys
 from absl import app
 from ml_collections import config_flags
 
-from ksjax import config_validation, errors, machine
+from ksjax import allocator, config_validation, errors
 from ksjax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -49,5 +49,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  machine.reexec_with_allocator("ksjax")  # before jax loads; see machine.malloc_environment
+  allocator.reexec_with_allocator("ksjax")  # before jax loads (allocator.malloc_environment)
   app.run(errors.boundary("ksjax", main), flags_parser=config_validation.parse_flags_or_exit)

@@ -60,9 +60,10 @@ class LlamaConfig:
   # returned in float32 and then cast to `dtype`; None: `dtype` itself (the plain path). With
   # dtype float32 and matmul_dtype bfloat16 everything else (the residual stream, norms,
   # attention over the cache, softmax) stays float32: on a CPU with bfloat16 matrix units (AMX)
-  # XLA runs bfloat16-operand dots with float32 results 3-5x faster than float32 dots, while
-  # bfloat16 results, bfloat16 attention and elementwise ops are slower than float32 there
-  # (benchmarks/real_model.py --parts=precision). It is TPU's default matmul precision.
+  # XLA runs bfloat16-operand dots with float32 results several times faster than float32 dots,
+  # while bfloat16 results, bfloat16 attention and elementwise ops are slower than float32 there
+  # (benchmarks/real_model.py --parts=sample,roofline --matmul_dtypes=float32,bfloat16 times
+  # both, and transformers in bfloat16). It is TPU's default matmul precision.
   matmul_dtype: str | None = None
   value_head: bool = False
   # Rematerialise each decoder block in the backward pass and run the blocks as a scan over

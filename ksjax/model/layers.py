@@ -70,9 +70,9 @@ def attend(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
   The N query heads are grouped onto the K key/value heads without repeating k and v: the G = N/K
   queries of a group and their T positions are stacked into one M = G*T axis, so both products are
   batched matmuls over (b, k). Keys are laid out [B, K, H, S], so the scores are a plain matmul on
-  XLA's CPU dot (under autodiff the [B, K, S, H] layout made the backward pass 3-5x slower; the
-  backward is now written by hand, `_grouped_attention`, and picks its own operand layouts;
-  accelerators choose their own layouts). A query row with no visible key (a left-padding
+  XLA's CPU dot (under autodiff the [B, K, S, H] layout made the backward pass several times
+  slower; the backward is written by hand, `_grouped_attention`, and picks its own operand
+  layouts; accelerators choose their own layouts). A query row with no visible key (a left-padding
   position) gets a uniform average; its output is never used, and no gradient flows through it.
   """
   return attend_bkhs(q_btnh, k_bskh.transpose(0, 2, 3, 1), v_bskh.transpose(0, 2, 3, 1), mask_bts)
@@ -135,9 +135,8 @@ def _grouped_attention(q_bkmh, k_bkhs, v, mask_bts, v_layout):
   The backward pass is written by hand (`_grouped_attention_bwd`). Why not autodiff: on XLA's
   CPU backend it transposed the [B, K, M, S] probabilities and score gradients into copies for
   the key and value gradients, and took the softmax's gradient in two passes with a reduction
-  over S; at SmolLM2's training shape (64 x 128 rows) a layer's attention forward + backward ran
-  at 97 GFLOP/s against 148 for its MLP (a profile of the update; 522 -> 485 ms with this). Here
-  every product is a plain per-(b, k) matmul whose transposed operand is a [M, H] or [S, H]
+  over S, so a layer's attention ran well below its MLP's FLOP rate
+  (benchmarks/real_model.py --parts=train times the update). Here every product is a plain per-(b, k) matmul whose transposed operand is a [M, H] or [S, H]
   one, and the softmax's gradient is one fused pass, P (dP - rowsum(dO o O)), as in
   FlashAttention (Dao et al., 2022)."""
   return _grouped_attention_fwd(q_bkmh, k_bkhs, v, mask_bts, v_layout)[0]
@@ -253,8 +252,8 @@ class Attention(nnx.Module):
     head axis is the major one of both operands). Why not the einsum "btnh,nhd->btd": XLA's CPU
     backend lowered its two contracting axes as (h, n), so every call transposed the activations
     and, in the decode loop, copied each layer's [N, H, D] weight at every step
-    (benchmarks/real_model.py --parts=profile; --parts=roofline back to back: a SmolLM2 decode
-    step of 64 rows went from 170.0 to 163.0 ms)."""
+    (benchmarks/real_model.py --parts=profile shows the copies; --parts=roofline times the decode
+    step against its matmuls)."""
     attn_btnh = constrain(attn_btnh, "btnh")
     b, t, n, h = attn_btnh.shape
     w_nhd = self.o_proj[...]
@@ -275,9 +274,8 @@ def swiglu(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.
 
   The backward pass is written by hand (`_swiglu_bwd`). Why not autodiff: for each weight's
   gradient XLA's CPU backend transposed the [B*T, F] activation gradient into a copy before the
-  product, and differentiated silu as x * sigmoid(x) in three elementwise passes; at SmolLM2's
-  shape (64 x 128 rows) the transposes alone were about 6% of the update
-  (benchmarks/real_model.py --parts=train). Here every weight gradient is a plain
+  product, and differentiated silu as x * sigmoid(x) in three elementwise passes
+  (benchmarks/real_model.py --parts=train times the update). Here every weight gradient is a plain
   [D, B*T] x [B*T, F] or [F, B*T] x [B*T, D] product whose transposed operand is the narrow
   one ([B*T, D], 2.7 times smaller at SmolLM2's widths) or a result, and silu's derivative is
   one fused pass. The residuals are x and both [B, T, F] pre-activations."""
@@ -355,8 +353,8 @@ class DecoderLayer(nnx.Module):
     Why two layouts: with keys slots-last and values slots-second-last, both products of a decode
     step (scores q.k over H, then p.v over S) are plain [M, H] x [H, S] and [M, S] x [S, H]
     matmuls per (b, k), which run at the machine's memory bandwidth; with values [B, K, H, S] the
-    p.v product contracts both operands' minor axes and ran 3x slower on XLA's CPU backend
-    (benchmarks/real_model.py --parts=roofline). The training path (`attend`) is unaffected."""
+    p.v product contracts both operands' minor axes and runs several times slower on XLA's CPU
+    backend (benchmarks/real_model.py --parts=roofline). The training path (`attend`) is unaffected."""
     return self._cached_step(
         x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index,
         lambda q, keys, values: attend_bkhs(q, keys, values, mask_bts, v_layout="bksh"))

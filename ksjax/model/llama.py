@@ -111,8 +111,8 @@ class Llama(nnx.Module):
 
     Why: XLA:CPU fuses the cos and sin of `cos_sin` into each consumer, the q and k rotation of
     every layer, so a step computing them from its positions evaluates the transcendentals
-    2 x layers times; in SmolLM2's decode step those fusions took about 9% of the step
-    (benchmarks/real_model.py --parts=profile). A gather from a table is cheap to duplicate. The
+    2 x layers times (benchmarks/real_model.py --parts=profile shows those fusions' share of a
+    decode step). A gather from a table is cheap to duplicate. The
     values are those of `cos_sin` (the same float32 operations on the same positions).
     `jax.lax.optimization_barrier` does not serve: XLA:CPU removes it before fusion."""
     cos, sin = self.cos_sin(jnp.arange(length, dtype=jnp.int32)[None])

@@ -99,7 +99,7 @@ def _manifest_files(step_dir: str) -> list[str]:
 # Files are hashed in parallel (hashlib releases the GIL while it hashes a large buffer) when
 # enough bytes lie outside the largest file to be worth the threads: one whole-file sha256 cannot
 # be split, so the largest file bounds the time (SmolLM2-135M's state: one 1.2 GB OCDBT data file
-# of 1.5 GB; the default run's: 1.5 MB in all, hashed in 2 ms).
+# of 1.5 GB; the default run's: 1.5 MB in all). benchmarks/checkpoint_checksum.py times both.
 _HASH_THREADS = min(4, os.cpu_count() or 1)
 _PARALLEL_MIN_BYTES = 32 << 20
 

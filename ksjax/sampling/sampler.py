@@ -186,14 +186,14 @@ def phase_slots(slots: int, phases: int) -> tuple[int, ...]:
   slots / 2**j for j = phases - 1, ..., 0, rounded up to a multiple of 16, distinct, increasing,
   the last one `slots`; a phase shorter than 64 slots, or within 16 slots of the next, is
   dropped: each phase compiles its own loop body, and below that the saving did not pay for it
-  (--parts=phases: 2 x 64 rows x 80 tokens ran 0.99x as fast in phases of 32, 48 and 79 slots,
-  and its first call took 6.5 s longer). So generations of at most 97 tokens take one loop.
+  (at the evaluation's 2 x 64 rows x 80 tokens, phases of 32, 48 and 79 slots were no faster and
+  compiled longer). So generations of at most 97 tokens take one loop.
 
   Why: step i of a row writes slot i - 1 and attends the slots written so far, but a loop over
-  all S slots reads all of them at every step. At the SmolLM2 shape, 64 rows x 256 new tokens
-  spent about a quarter of a late decode step in the rows' own attention over 255 slots, most of
-  them unwritten early on; in phases of 64, 128 and 255 slots that decode ran 1.15x faster
-  (benchmarks/real_model.py --parts=phases, quiet AVX2 machine). Masked slots add exact zeros,
+  all S slots reads all of them at every step: with many new tokens (SmolLM2's 64 rows x 256)
+  the rows' own attention over slots mostly unwritten early on is a sizeable share of a decode
+  step (benchmarks/real_model.py --parts=phases times phases against one loop, the first call's
+  compilation included). Masked slots add exact zeros,
   so a phase changes a step's values only by the summation order over fewer slots."""
   bounds = sorted({min(slots, -(-slots // (2 ** j * 16)) * 16) for j in range(phases)})
   kept = [slots]
@@ -450,8 +450,8 @@ def _cast_program(cfg: LlamaConfig):
 def operand_params(params: nnx.State, cfg: LlamaConfig) -> nnx.State:
   """The parameters the sampler's programs take: the weight matrices already in the dtype their
   products use (`model.llama.cast_matmul_weights`), cast once per `sample` call instead of once
-  by the prefill and once by every decode call (benchmarks/real_model.py --parts=profile showed
-  the decode call's casts at 12% of a SmolLM2 step at 31 steps). The same samples and log-probs
+  by the prefill and once by every decode call (the casts were the largest non-matmul item of a
+  decode step in benchmarks/real_model.py --parts=profile). The same samples and log-probs
   bit for bit. Returns `params` itself when no weight needs a cast."""
   dtype = jnp.dtype(cfg.operand_dtype)
   needs_cast = nnx.map_state(lambda path, leaf: path[-1] in MATMUL_WEIGHTS and leaf.dtype != dtype,

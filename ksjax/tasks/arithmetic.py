@@ -15,21 +15,13 @@ is a real choice.
            have now?" (the same with two steps)
 
 Calibration. The aim is a start of RL where pass@1 per level spans about 0.02-0.4 and pass@16
-about 0.3-0.95, the regime in which training for pass@k and for the mean differ. Measured on
-SmolLM2-135M-Instruct (`benchmarks/calibrate_arithmetic.py`: 16 training problems per level x 16
-samples, temperature 1, at most 80 new tokens; pass@k unbiased from the 16 samples):
-
-  levels                                                pass@1 by level 1..4    pass@16 by level
-  first: sums and products of digits 2-9; 10-99 + 10-99;  0.19 0.04 0.02 0.03    0.94 0.25 0.19 0.25
-         stories of 2 and 3 steps of 2-15 from 5-30
-  then:  level 2 a two-digit number 10-59 plus a digit;   0.23 0.02 0.09 0.04    0.94 0.13 0.69 0.38
-         stories of 1 and 2 steps of 2-9 from 3-15
-  final: level 2 the times tables (as below)              0.23 0.20 0.08 0.04    0.81 0.88 0.63 0.38
-
-Two-digit sums are beyond this model (it answers "41 + 5" with 96): two and three steps of them
-sat at the guessing floor, where level 4 was no harder than level 3. The model knows some of the
-times tables by heart, so products of up to 12 x 12 take level 2's place. Each figure rests on
-16 problems; differences below about 0.05 in pass@1 are noise.
+about 0.3-0.95, the regime in which training for pass@k and for the mean differ. The levels were
+chosen on SmolLM2-135M-Instruct's training problems with `benchmarks/calibrate_arithmetic.py`
+(the figures per level: docs/results.md). Two-digit sums are beyond this model (it answers
+"41 + 5" with 96): stories of two and three steps over them sat at the guessing floor, where
+level 4 was no harder than level 3. The model knows some of the times tables by heart, so
+products of up to 12 x 12 take level 2's place. Each calibration figure rests on 16 problems;
+differences below about 0.05 in pass@1 are noise.
 
 Prompts. The user message is the question and a short instruction ("Give the final answer as a
 number."), optionally after a system prompt, rendered with the model's chat template

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,16 +104,6 @@ class Task(abc.ABC):
     """Turns one normalized dataset record (as the `ksjax.tasks.data` pipeline stores it) into a
     Prompt, so the trainer can map the grain pipeline's records to prompts."""
     raise NotImplementedError(f"task {self.name!r} does not read dataset records")
-
-  def iterate(self, split: str, *, seed: int, shuffle: bool = True) -> Iterator[Prompt]:
-    """Endless stream of prompts (reshuffled each epoch). The trainer uses the grain pipeline
-    in `ksjax.tasks.data` instead when it needs checkpointable iterator state."""
-    items = list(self.prompts(split))
-    rng = np.random.default_rng(seed)
-    while True:
-      order = rng.permutation(len(items)) if shuffle else np.arange(len(items))
-      for i in order:
-        yield items[i]
 
 
 def answer_classes(keys: Sequence[Any]) -> np.ndarray:

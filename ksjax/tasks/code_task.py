@@ -11,10 +11,11 @@ Scoring a group of n completions (one prompt):
 3. Answer classes for majority voting. Code has no canonical answer, so the vote is by behaviour
    on the problem's tests: all correct programs form one class (each matched the expected output
    of every test), and wrong programs share a class when they printed the same outputs
-   (whitespace-token normalised, case-folded, as the checker reads them) on the tests that ran
-   and ended the same way on the first failing one (`sandbox.Result.behaviour`). Two programs that
-   fail identically on test 3 vote together even if they would differ on test 7, which was never
-   run. Within a class all rewards are equal by construction.
+   (whitespace-token normalised, case-folded, as the checker in `ksjax.tasks.code_judge` reads
+   them) on the tests that ran and ended the same way on the first failing one
+   (`sandbox.Result.behaviour`). Two programs that fail identically on test 3 vote together even
+   if they would differ on test 7, which was never run. Within a class all rewards are equal by
+   construction.
 
 Prompts ask for a Python 3 program in a ```python block that reads stdin and writes stdout, or,
 for call-based TACO problems, for the function `fn_name` completing the starter code.

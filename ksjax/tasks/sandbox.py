@@ -8,7 +8,7 @@ design keeps the trusted and untrusted parts apart:
   (`sandbox_runner.py`, `python -I -S -B`, standard library only) in a new session, with a fresh
   temporary directory as its working directory and an environment holding only PATH and LANG,
   then sends it the program and the test inputs. Expected outputs never leave this process: the
-  runner returns what the program printed, and `outputs_match` judges it here.
+  runner returns what the program printed, and `code_judge.judge` judges it here.
 * The runner isolates itself (namespaces, a minimal read-only root, an unprivileged uid,
   resource limits; see its docstring) and runs every test in a child forked from one process, so
   a program's tests cost one interpreter start, not one each, while each test keeps its own CPU
@@ -33,12 +33,6 @@ A sandbox tests itself when it is made: it runs an honest program that imports s
 `SandboxUnavailable` with one line saying what failed, the child's error, and what to do (for an
 unreadable interpreter: which directory, and the choices of another interpreter, permissions or
 namespaces), instead of a sandbox that would fail every honest program.
-
-Comparison follows the official CodeContests checker: outputs are split on whitespace and
-lower-cased; token lists equal, or of equal length with every pair equal, where two numeric tokens
-are equal if both are integers with the same value, or else if they differ by at most 1e-5
-(absolutely; CodeContests uses only the absolute test, we also accept a relative 1e-5 so large
-floats printed with fewer digits pass). Integers are compared exactly at any size.
 """
 
 from __future__ import annotations
@@ -52,7 +46,6 @@ import marshal
 import math
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -63,8 +56,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ksjax.tasks import code_judge
+
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_runner.py")
-FLOAT_TOLERANCE = 1e-5
 # What the runner's environment holds; nothing is inherited from the parent.
 RUNNER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 _MAX_HEADER_BYTES = 1 << 16
@@ -201,80 +195,6 @@ class Result:
   cpu_s: float = 0.0
   wall_s: float = 0.0
   detail: str = ""
-
-
-# ---------------------------------------------------------------------------------------------
-# Output comparison.
-
-_INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
-_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-
-
-def _tokens(text: str) -> list[str]:
-  return text.lower().split()
-
-
-def _integer_text(token: str) -> str:
-  """An integer token without "+" and leading zeros ("-0" is "0"): equal texts, equal values.
-  (int() refuses more than 4300 digits.)"""
-  sign = "-" if token[0] == "-" else ""
-  digits = token.lstrip("+-").lstrip("0") or "0"
-  return digits if digits == "0" else sign + digits
-
-
-def _numbers_match(a: str, b: str, tolerance: float) -> bool | None:
-  """True/False for two numeric tokens; None when either is not a number."""
-  if _INT_RE.fullmatch(a) and _INT_RE.fullmatch(b):
-    return _integer_text(a) == _integer_text(b)
-  if not (_FLOAT_RE.fullmatch(a) and _FLOAT_RE.fullmatch(b)):
-    return None
-  x, y = float(a), float(b)
-  if not (math.isfinite(x) and math.isfinite(y)):
-    return a == b
-  return abs(x - y) <= tolerance or abs(x - y) <= tolerance * abs(y)
-
-
-def outputs_match(output: str, expected: str, tolerance: float = FLOAT_TOLERANCE) -> bool:
-  """The CodeContests checker (see the module docstring); `expected` is the reference."""
-  got, want = _tokens(output), _tokens(expected)
-  if got == want:
-    return True
-  if len(got) != len(want):
-    return False
-  for a, b in zip(got, want):
-    if a != b and not _numbers_match(a, b, tolerance):
-      return False
-  return True
-
-
-def values_match(got: Any, want: Any, tolerance: float = FLOAT_TOLERANCE) -> bool:
-  """Equality of JSON values for call-based tests, with floats within `tolerance`; booleans
-  equal only booleans (Python's True == 1 would let `return 1` pass for `true`)."""
-  if isinstance(got, bool) or isinstance(want, bool):
-    return isinstance(got, bool) and isinstance(want, bool) and got == want
-  if isinstance(got, (int, float)) and isinstance(want, (int, float)):
-    if isinstance(got, int) and isinstance(want, int):
-      return got == want
-    if not (math.isfinite(got) and math.isfinite(want)):
-      return got == want
-    return abs(got - want) <= tolerance or abs(got - want) <= tolerance * abs(want)
-  if isinstance(got, list) and isinstance(want, list):
-    return len(got) == len(want) and all(values_match(a, b, tolerance) for a, b in zip(got, want))
-  if isinstance(got, dict) and isinstance(want, dict):
-    return got.keys() == want.keys() and all(values_match(got[k], want[k], tolerance) for k in got)
-  return got == want
-
-
-def call_result_matches(got: Any, want: Any) -> bool:
-  """As the APPS/TACO harness: the return value equals the expected output, or its only element
-  when the expected output is a one-element list (how the datasets wrap return values)."""
-  if values_match(got, want):
-    return True
-  return isinstance(want, list) and len(want) == 1 and values_match(got, want[0])
-
-
-def _canonical(text: str) -> bytes:
-  return " ".join(_tokens(text)).encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,7 +374,7 @@ class Sandbox:
         os.chown(workdir, uid, uid)  # used as is when no mount namespace replaces it
       request = {
           "program": job.program, "fn_name": job.fn_name,
-          "inputs": [json.dumps(t["input"]) if call_based else _as_text(t["input"])
+          "inputs": [json.dumps(t["input"]) if call_based else code_judge.as_text(t["input"])
                      for t in job.tests],
           "cpu_s": cpu_s, "wall_s": wall_s, "memory_bytes": memory,
           "output_bytes": cfg.output_bytes, "scratch_bytes": cfg.scratch_bytes,
@@ -500,7 +420,7 @@ class Sandbox:
           tests_run += 1
           cpu += float(header.get("cpu_s", 0.0))
           verdict = header.get("verdict")
-          passed, behaviour = _judge(verdict, payload, test, job.fn_name is not None)
+          passed, behaviour = code_judge.judge(verdict, payload, test, job.fn_name is not None)
           digest.update(behaviour)
           if not passed:
             if verdict == "ok":
@@ -542,31 +462,7 @@ def _check_tests(job: Job) -> None:
     if job.fn_name is not None and not isinstance(test["input"], list):
       raise ValueError(f"test {index}: a call-based input is the list of arguments")
     if job.fn_name is None:
-      _as_text(test["input"]), _as_text(test["output"])
-
-
-def _as_text(value: Any) -> str:
-  """Stdin as text; lists of lines (as some TACO problems store them) are joined."""
-  if isinstance(value, str):
-    return value
-  if isinstance(value, list) and all(isinstance(v, str) for v in value):
-    return "\n".join(value)
-  raise ValueError(f"a stdin/stdout test is a string or a list of lines, not {type(value)}")
-
-
-def _judge(verdict: str, payload: bytes, test: Mapping[str, Any], call_based: bool
-           ) -> tuple[bool, bytes]:
-  """(passed, canonical behaviour bytes) of one test."""
-  if verdict != "ok":
-    return False, b"\x00" + verdict.encode()
-  text = payload.decode("utf-8", errors="replace")
-  if not call_based:
-    return outputs_match(text, _as_text(test["output"])), _canonical(text) + b"\x00"
-  try:
-    value = json.loads(text)
-  except ValueError:
-    return False, b"\x00unparsable"
-  return call_result_matches(value, test["output"]), text.encode() + b"\x00"
+      code_judge.as_text(test["input"]), code_judge.as_text(test["output"])
 
 
 def _failure_detail(header: Mapping[str, Any]) -> str:

@@ -476,8 +476,8 @@ def _init(job, report, out):
   if job["fn_name"] is not None:
     import json  # pylint: disable=g-import-not-at-top,unused-import  (once, not in every test)
   # Warm up what every test child would otherwise initialise afresh after fork (the compiler,
-  # text streams): about 1.5 ms of CPU per test. A fixed snippet: the program itself is compiled
-  # only in the child, under its limits.
+  # text streams), a cost each test would pay (benchmarks/rewards.py times sandboxed programs).
+  # A fixed snippet: the program itself is compiled only in the child, under its limits.
   compile("def f(x):\n  return [i for i in range(x)]\nprint(f(int(input())))\n", "warm-up", "exec")
   open(os.devnull, "w", encoding="utf-8").close()
   _send(out, {"hello": report})

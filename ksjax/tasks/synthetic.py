@@ -37,21 +37,14 @@ sums, and totals would need three digits. With M = 10 the task is exactly the or
 The trade-off study (experiments/tradeoff.py) uses M = 50, chosen from its warmed-up start on
 training problems (benchmarks/calibrate_embedded_modulus.py).
 
-What a tiny model makes of it (measured once, before ksjax's trainer existed, with a stand-in: a
-2-layer width-64 causal transformer in torch with learnt absolute positions, AdamW 3e-3, batches
-of 64 reference solutions from the default splits, 8 samples per test problem at temperature 1):
-
-  warm-up steps   pass@1 by level 1..5        pass@1   pass@8   steps with right arithmetic
-  1000            0.40 0.42 0.25 0.14 0.11     0.27     0.76     not measured
-  2000            0.86 0.94 0.86 0.78 0.57     0.80     1.00     98.8%
-
-The training loss sits on a plateau (0.25-0.29) until about 1000 steps and drops by 1250, when
-the table is learnt; the errors left after it are bookkeeping ones, which grow with the level
-(terms used exactly: 96% of samples at level 1, 57% at level 5). So the warm-up length places
-the start: a short warm-up starts RL in the 10-50% regime where training for pass@k and for
-the mean differ, and `levels` can drop the easy levels. Level 1 trails level 2 in the
-stand-in: its training split is small (below) and its prompts are the shortest, the positions
-learnt absolute embeddings see least (whether Llama's RoPE closes the gap is not measured).
+What a tiny model makes of it (docs/results.md has the figures, measured once with a stand-in
+model before ksjax's trainer existed): the training loss sits on a plateau until the table is
+learnt, and the errors left after it are bookkeeping ones, which grow with the level. So the
+warm-up length places the start: a short warm-up starts RL in the 10-50% pass@1 regime where
+training for pass@k and for the mean differ, and `levels` can drop the easy levels. Level 1
+trailed level 2 in the stand-in: its training split is small (below) and its prompts are the
+shortest, the positions learnt absolute embeddings see least (whether Llama's RoPE closes the
+gap is not measured).
 
 Sequences stay short for CPU speed: at level 5 the prompt has 19 characters and a solution 57
 (at 10 < M <= 100, up to 20 and 67: `max_prompt_chars`, `max_solution_chars`).

@@ -14,8 +14,8 @@ The schedule is fixed, not "whatever is ready", so that a run is reproducible:
     from the data iterator; each derives its sampling key from the run's random key exactly as
     the lockstep loop does (`split(rng, 3)` per step), so a rollout's seed depends on its step
     only.
-So at most L + 1 rollouts are started ahead, and the worker idles when it is L steps ahead (the
-"rollouts run ahead" of the issue, bounded by L).
+So at most L + 1 rollouts are started ahead, and the worker idles when it is L steps ahead: the
+rollouts run ahead of the learner by at most L steps.
 
 Where it samples. With config.sampler_devices = D > 0 the last D devices form the sampler's own
 sub-mesh (shaped by config.sampler_mesh) and the learner's config.mesh takes the others
@@ -81,7 +81,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.run.checkpoints import CheckpointInputError, ChecksumError
 from ksjax.run.spec import TrainSpec
 from ksjax.tasks.base import Prompt
-from ksjax.trainer import dynamic
+from ksjax.trainer import draw as draw_lib
 from ksjax.trainer.rollout import Rollout
 
 ROLLOUTS_DIR = "rollouts"  # beside `checkpoints` in the work directory
@@ -96,7 +96,7 @@ _PICKLED_SUFFIX = ".pkl"  # what ksjax wrote before the data-only format: refuse
 _HEADER = b"ksjax-rollouts 2 sha256 "
 _STRUCTURE = "structure"  # the npz member holding the JSON; the arrays are "0", "1", ...
 # The only classes a rollouts file can make, by name: what a step's rollout is built of.
-_CLASSES: dict[str, type] = {"Drawn": dynamic.Drawn, "Rollout": Rollout, "Prompt": Prompt}
+_CLASSES: dict[str, type] = {"Drawn": draw_lib.Drawn, "Rollout": Rollout, "Prompt": Prompt}
 _NAMES = {cls: name for name, cls in _CLASSES.items()}
 
 
@@ -147,7 +147,7 @@ class Pending:
   params_step: int
   result: concurrent.futures.Future | Any  # a Future of (Drawn, worker seconds), or those
 
-  def get(self) -> tuple[dynamic.Drawn, dict[str, float]]:
+  def get(self) -> tuple[draw_lib.Drawn, dict[str, float]]:
     """(the step's Drawn, the worker's seconds per phase), waiting for the worker if need be."""
     if isinstance(self.result, concurrent.futures.Future):
       return self.result.result()
@@ -159,7 +159,7 @@ class Pending:
 
 
 # draw(step, sampler policy, sampling key, mesh) -> (Drawn, seconds per phase)
-DrawFn = Callable[[int, Any, jax.Array, jax.sharding.Mesh], tuple[dynamic.Drawn, dict]]
+DrawFn = Callable[[int, Any, jax.Array, jax.sharding.Mesh], tuple[draw_lib.Drawn, dict]]
 
 
 class Rollouts:
@@ -167,7 +167,7 @@ class Rollouts:
   docstring), on a worker thread.
 
   Args:
-    draw: samples one step (prompts from the data stream, `dynamic.draw_step`).
+    draw: samples one step (prompts from the data stream, `ksjax.trainer.draw.draw_step`).
     graphdef: the policy's graph (the sampler merges pushed parameters into it).
     max_lag: L >= 1.
     mesh: where the sampler runs (its own sub-mesh, or the learner's).
@@ -207,7 +207,7 @@ class Rollouts:
           self._draw, s, sampler, sample_key, self._mesh))
       self._next += 1
 
-  def take(self, step: int) -> tuple[dynamic.Drawn, dict[str, float], int]:
+  def take(self, step: int) -> tuple[draw_lib.Drawn, dict[str, float], int]:
     """Step `step`'s rollout (waiting for it), the worker's seconds per phase, and its lag."""
     pending = self._pending.pop(step)
     drawn, seconds = pending.get()

@@ -8,7 +8,7 @@ The paper's Algorithm 1, step by step:
   (iii) optimizer steps on those completions (`learner.learn`: plain PG, PPO, GRPO, Dr. GRPO).
 With config.dynamic_sampling, (i)-(ii) repeat in rounds until B groups (prompts) with a non-zero
 k-sample weight are held or config.dynamic_max_rounds is reached, and only those groups go on to
-the reference forward and (iii) (`ksjax.trainer.dynamic`, which says what is logged and why).
+the reference forward and (iii) (`ksjax.trainer.draw`, which says what is logged and why).
 
 Around it: the model comes from a preset, a Hugging Face directory or an Orbax checkpoint; an
 optional supervised warm-up on reference solutions makes the start policy, which is saved as
@@ -55,7 +55,8 @@ from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory
 from ksjax.run.spec import TrainSpec
-from ksjax.trainer import async_rollouts, dynamic, held_out, learner, memory_plan, metrics
+from ksjax.trainer import async_rollouts, held_out, learner, memory_plan, metrics
+from ksjax.trainer import draw as draw_lib
 from ksjax.trainer import rollout, warmup
 from ksjax.trainer import update as update_lib
 
@@ -181,7 +182,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
   compiles = metrics.CompileCounter()
   # Dynamic sampling pads the kept groups to whole mini-batches over the batch shards.
-  group_multiple = dynamic.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
+  group_multiple = draw_lib.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
   first_step = step
   draw_step = functools.partial(_draw_step, spec, task, data_iterator, multiple=group_multiple)
   ahead = None  # lockstep; with config.max_lag, the rollouts sampled ahead (`async_rollouts`)
@@ -354,32 +355,32 @@ def _rollouts_ahead(spec: TrainSpec, draw_step, graphdef, sampler_mesh, state, s
 
 
 def _draw_step(spec: TrainSpec, task, data_iterator, step: int, sampler, sample_key: jax.Array,
-               mesh, timer: Timer, *, multiple: int) -> dynamic.Drawn:
+               mesh, timer: Timer, *, multiple: int) -> draw_lib.Drawn:
   """Step `step`'s completions from `sampler` (a policy on `mesh`), scored, with their k-sample
   weights. Dynamic sampling off: one round, every group; on: rounds until B groups with signal
-  (`trainer.dynamic`)."""
+  (`trainer.draw`)."""
   s = spec.sampling
   draw = functools.partial(_sample_round, spec, sampler, task, data_iterator,
                            sample_key=sample_key, k=spec.estimator.k_at(step), mesh=mesh,
                            timer=timer)
-  return dynamic.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
-                           max_rounds=s.dynamic_max_rounds, multiple=multiple)
+  return draw_lib.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
+                            max_rounds=s.dynamic_max_rounds, multiple=multiple)
 
 
 def _sample_round(spec: TrainSpec, sampler, task, data_iterator, round_index: int, *,
                   sample_key: jax.Array, k: int, mesh, timer: Timer):
   """One round of a step's sampling: B prompts from the stream, n completions of each from
-  `sampler` with the round's seed (`dynamic.round_seed`), and their k-sample weights [B, n]."""
+  `sampler` with the round's seed (`draw_lib.round_seed`), and their k-sample weights [B, n]."""
   prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
   timer.lap("time/other")
   batch = rollout.collect(sampler, task, prompts, spec.sampling,
-                          seed=dynamic.round_seed(sample_key, round_index), mesh=mesh,
+                          seed=draw_lib.round_seed(sample_key, round_index), mesh=mesh,
                           sampled=lambda: timer.lap("time/sampling"))
   timer.lap("time/reward")
   return batch, spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn, k=k)
 
 
-def _step_scalars(spec: TrainSpec, drawn: dynamic.Drawn, ref_logp_rt: np.ndarray | None,
+def _step_scalars(spec: TrainSpec, drawn: draw_lib.Drawn, ref_logp_rt: np.ndarray | None,
                   update_metrics: dict[str, float], timer: Timer,
                   worker_seconds: dict[str, float] | None = None) -> dict[str, float]:
   """Everything one step logs: the batch's scores, the update, KL and entropy, time, speed.

@@ -25,8 +25,8 @@ Nothing is allocated, so a 70B model is planned on a laptop.
 
 Depth. With `remat` the update runs its decoder blocks as a scan (`Llama.scanned_blocks`): one
 compiled block whatever the depth, so it is compiled whole (its bytes are not affine in depth at
-small depths: Llama 3.1 8B on 8 devices, 32 layers, 19.40 GiB compiled against 16.92 GiB
-extrapolated from 2 and 4). Unrolled programs (the sampler's prefill and decode, the update
+small depths: for Llama 3.1 8B on 8 devices, extrapolating from 2 and 4 layers underestimated
+the compiled 32-layer plan; benchmarks/memory_plan.py prints the plans). Unrolled programs (the sampler's prefill and decode, the update
 without remat) take minutes to compile for a 70B model on 256 devices; every decoder block is the
 same program, so their bytes are affine in the number of layers, and models deeper than
 `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full compiles). The

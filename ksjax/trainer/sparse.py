@@ -21,8 +21,9 @@ import dataclasses
 import numpy as np
 
 # The default smallest bucket (config.sparse_min_rows): for a small model a padding row costs less
-# than a compilation. On SmolLM2-135M on a CPU a row's forward and backward take about 2 s and a
-# compilation about 1 s, so its config buckets from 1 row.
+# than a compilation. On SmolLM2-135M on a CPU a row's forward and backward cost more than a
+# compilation, so its config buckets from 1 row (benchmarks/real_model.py --parts=config prints
+# its steps' split and compilations).
 MIN_ROWS = 8
 
 

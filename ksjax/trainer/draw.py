@@ -1,8 +1,12 @@
-"""Dynamic sampling over sparse updates (issue #16): spend a step's update on groups with signal.
+"""Every step's draw (`draw_step`): its rounds of sampling, and the groups its update keeps.
 
-With the pass@k leave-one-out estimator a group (the n completions of one prompt) has a non-zero
-weight only when its best completion is unique, so on easy or hard prompts most groups weigh
-nothing: they cost a reference forward and (dense) update rows and teach nothing. With
+Without dynamic sampling (the default) a step makes one round and keeps every group in place: the
+same rollout object, the same shapes and the same update as a plain sample call.
+
+Dynamic sampling spends a step's update on groups with signal. With the pass@k leave-one-out
+estimator a group (the n completions of one prompt) has a non-zero weight only when its best
+completion is unique, so on easy or hard prompts most groups weigh nothing: they cost a reference
+forward and (dense) update rows and teach nothing. With
 `config.dynamic_sampling` a step samples rounds of `batch_prompts` prompts (each round one
 `rollout.collect` call, the sampler's usual batch) until it holds B = batch_prompts groups whose
 k-sample weights are not all zero, or `config.dynamic_max_rounds` rounds are done.
@@ -41,9 +45,6 @@ Resume stays exact: every round draws its prompts with `next` on the checkpointe
 (a step consumes rounds * batch_prompts prompts, and the checkpoint after it records where the
 stream stands), and round r's sampling seed is `round_seed(sample_key, r)`, derived from the step's
 key alone (round 0's is the seed a step without dynamic sampling uses).
-
-Off (the default), `draw_step` makes one round and keeps every group in place: the same
-rollout object, the same shapes and the same update as before this module existed.
 """
 
 from __future__ import annotations

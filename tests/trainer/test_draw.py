@@ -1,11 +1,11 @@
-"""Dynamic sampling (`ksjax.trainer.dynamic`): which groups a step keeps, in what order, up to
-which cap; the batch the update reads; a tiny run that logs dynamic/* and updates on signal
-groups only; kill -9 and resume bitwise with it on; its config fields' validation.
+"""A step's draw with dynamic sampling (`ksjax.trainer.draw`): which groups a step keeps, in
+what order, up to which cap; the batch the update reads; a tiny run that logs dynamic/* and
+updates on signal groups only; kill -9 and resume bitwise with it on; its config fields' validation.
 
 A tiny random model solves no synthetic problem, so every group would weigh nothing. The runs here
 score completions by a hash of their text instead (`hashed_rewards`): deterministic, so exact
 resume still means something, and about 40% of groups of 4 get a unique correct completion.
-Run as a module (`python -m tests.trainer.test_dynamic --config=...`) it is `ksjax.main` with that
+Run as a module (`python -m tests.trainer.test_draw --config=...`) it is `ksjax.main` with that
 scoring, for the subprocesses of the kill-and-resume test.
 """
 
@@ -21,7 +21,8 @@ from ksjax.config_validation import ConfigError
 from ksjax.run import spec as spec_lib
 from ksjax.run.directory import RunDirectory
 from ksjax.tasks.base import GroupScore, Prompt, answer_classes
-from ksjax.trainer import dynamic, learner, loop, metrics, rollout
+from ksjax.trainer import draw as draw_lib
+from ksjax.trainer import learner, loop, metrics, rollout
 from tests.support import resume
 from tests.trainer import test_run
 from tests.trainer.test_run import REPO, _env, _final_params, _flags, _tiny_config
@@ -77,41 +78,41 @@ def test_a_group_has_signal_when_some_weight_is_not_exactly_zero():
                            [-1, -1, -1, -1],   # all equal: nothing
                            [1, 1, 1, 1]], np.float32)
   advantage_bn = ESTIMATOR.advantages(rewards_bn, np.zeros((4, 4), np.int32))
-  np.testing.assert_array_equal(dynamic.signal_groups(advantage_bn), [True, False, False, False])
-  np.testing.assert_array_equal(dynamic.signal_groups(np.asarray([[0.0, 1e-30]])), [True])
+  np.testing.assert_array_equal(draw_lib.signal_groups(advantage_bn), [True, False, False, False])
+  np.testing.assert_array_equal(draw_lib.signal_groups(np.asarray([[0.0, 1e-30]])), [True])
 
 
 def test_the_first_signal_groups_in_sampling_order_are_kept_up_to_the_target():
   rounds = [np.asarray([False, True, False, True]), np.asarray([True, True, False, True])]
-  np.testing.assert_array_equal(dynamic.choose(rounds, 3), [1, 3, 4])  # round 1's group 0 = 4
-  np.testing.assert_array_equal(dynamic.choose(rounds, 10), [1, 3, 4, 5, 7])
-  np.testing.assert_array_equal(dynamic.choose([np.zeros(4, bool)], 4), [])
-  np.testing.assert_array_equal(dynamic.choose([], 4), [])
+  np.testing.assert_array_equal(draw_lib.choose(rounds, 3), [1, 3, 4])  # round 1's group 0 = 4
+  np.testing.assert_array_equal(draw_lib.choose(rounds, 10), [1, 3, 4, 5, 7])
+  np.testing.assert_array_equal(draw_lib.choose([np.zeros(4, bool)], 4), [])
+  np.testing.assert_array_equal(draw_lib.choose([], 4), [])
 
 
 def test_rounds_continue_until_the_target_or_the_cap():
-  assert dynamic.should_continue(3, 1, target=4, max_rounds=3)
-  assert not dynamic.should_continue(4, 1, target=4, max_rounds=3)
-  assert not dynamic.should_continue(7, 2, target=4, max_rounds=3)
-  assert not dynamic.should_continue(0, 3, target=4, max_rounds=3)
+  assert draw_lib.should_continue(3, 1, target=4, max_rounds=3)
+  assert not draw_lib.should_continue(4, 1, target=4, max_rounds=3)
+  assert not draw_lib.should_continue(7, 2, target=4, max_rounds=3)
+  assert not draw_lib.should_continue(0, 3, target=4, max_rounds=3)
 
 
 def test_the_kept_groups_are_bucketed_to_powers_of_two_that_split_like_a_full_batch():
-  assert [dynamic.bucket_groups(g, 16) for g in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+  assert [draw_lib.bucket_groups(g, 16) for g in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
   # 2 mini-batches over 4 shards with n = 4: groups come in pairs (8 rows), capped at B = 12.
-  multiple = dynamic.group_multiple(4, 2 * 4)
+  multiple = draw_lib.group_multiple(4, 2 * 4)
   assert multiple == 2
-  assert [dynamic.bucket_groups(g, 12, multiple) for g in (1, 2, 3, 5, 12)] == [2, 2, 4, 8, 12]
-  assert dynamic.group_multiple(8, 4) == 1 and dynamic.group_multiple(3, 6) == 2
+  assert [draw_lib.bucket_groups(g, 12, multiple) for g in (1, 2, 3, 5, 12)] == [2, 2, 4, 8, 12]
+  assert draw_lib.group_multiple(8, 4) == 1 and draw_lib.group_multiple(3, 6) == 2
 
 
 def test_round_seeds_come_from_the_step_key_and_round_zero_is_the_plain_step_seed():
   key = jax.random.PRNGKey(7)
   plain = int(jax.random.randint(key, (), 0, 2**31 - 1))  # the loop's seed before this module
-  seeds = [dynamic.round_seed(key, r) for r in range(4)]
+  seeds = [draw_lib.round_seed(key, r) for r in range(4)]
   assert seeds[0] == plain
   assert len(set(seeds)) == 4
-  assert seeds == [dynamic.round_seed(jax.random.PRNGKey(7), r) for r in range(4)]
+  assert seeds == [draw_lib.round_seed(jax.random.PRNGKey(7), r) for r in range(4)]
 
 
 def fake_rollout(groups, n=4, prompt_len=3, completion=2, first_id=0, rewards_bn=None):
@@ -140,7 +141,7 @@ def fake_rollout(groups, n=4, prompt_len=3, completion=2, first_id=0, rewards_bn
 
 def test_rounds_with_different_prompt_widths_concatenate_left_padded():
   a, b = fake_rollout(2, prompt_len=3), fake_rollout(1, prompt_len=5, first_id=2)
-  both = dynamic.concatenate([a, b])
+  both = draw_lib.concatenate([a, b])
   assert both.prompt_len == 5 and both.tokens_rt.shape == (12, 7)
   assert both.prompts == a.prompts + b.prompts and both.texts == a.texts + b.texts
   np.testing.assert_array_equal(both.tokens_rt[:8, 2:], a.tokens_rt)
@@ -148,12 +149,12 @@ def test_rounds_with_different_prompt_widths_concatenate_left_padded():
   np.testing.assert_array_equal(both.tokens_rt[8:], b.tokens_rt)
   np.testing.assert_array_equal(both.behaviour_logp_rt[:8, 2:], a.behaviour_logp_rt)
   np.testing.assert_array_equal(both.rewards_bn, np.concatenate([a.rewards_bn, b.rewards_bn]))
-  assert dynamic.concatenate([a]) is a
+  assert draw_lib.concatenate([a]) is a
 
 
 def test_taken_groups_keep_their_order_and_padding_groups_carry_no_completion():
   r = fake_rollout(4)
-  taken = dynamic.take_groups(r, np.asarray([3, 1]), size=4)
+  taken = draw_lib.take_groups(r, np.asarray([3, 1]), size=4)
   rows = [12, 13, 14, 15, 4, 5, 6, 7]
   np.testing.assert_array_equal(taken.tokens_rt[:8], r.tokens_rt[rows])
   np.testing.assert_array_equal(taken.completion_mask_rt[:8], r.completion_mask_rt[rows])
@@ -164,7 +165,7 @@ def test_taken_groups_keep_their_order_and_padding_groups_carry_no_completion():
   assert taken.attention_mask_rt[8:].any() and not taken.completion_mask_rt[8:].any()
   assert not taken.behaviour_logp_rt[8:].any()
   with pytest.raises(ValueError, match="size=1"):
-    dynamic.take_groups(r, np.asarray([3, 1]), size=1)
+    draw_lib.take_groups(r, np.asarray([3, 1]), size=1)
 
 
 def scripted_draw(signal_rounds, n=4):
@@ -183,7 +184,7 @@ def scripted_draw(signal_rounds, n=4):
 
 def test_off_one_round_keeps_every_group_in_place():
   draw, calls = scripted_draw([[True, False, False, True]])
-  drawn = dynamic.draw_step(draw, target=4, enabled=False, max_rounds=3)
+  drawn = draw_lib.draw_step(draw, target=4, enabled=False, max_rounds=3)
   assert calls == [0] and drawn.rounds == 1 and drawn.prompts_consumed == 4
   assert drawn.update is drawn.sampled  # the very rollout the sampler returned
   np.testing.assert_array_equal(drawn.kept, [0, 1, 2, 3])
@@ -193,7 +194,7 @@ def test_off_one_round_keeps_every_group_in_place():
 def test_on_it_samples_until_the_target_and_keeps_the_first_signal_groups():
   draw, calls = scripted_draw([[True, False, False, False], [False, True, True, False],
                                [True, True, True, True], [True] * 4])
-  drawn = dynamic.draw_step(draw, target=4, enabled=True, max_rounds=5)
+  drawn = draw_lib.draw_step(draw, target=4, enabled=True, max_rounds=5)
   assert calls == [0, 1, 2] and drawn.rounds == 3 and drawn.prompts_consumed == 12
   np.testing.assert_array_equal(drawn.kept, [0, 5, 6, 8])  # 9-11 had signal, beyond the target
   assert len(drawn.sampled.prompts) == 12 and drawn.advantage_bn.shape == (12, 4)
@@ -211,16 +212,16 @@ def test_on_it_samples_until_the_target_and_keeps_the_first_signal_groups():
 def test_at_the_cap_the_update_pads_what_it_has_and_with_nothing_makes_none():
   draw, calls = scripted_draw([[False, True, False, False], [False, False, False, True],
                                [True] * 4])
-  drawn = dynamic.draw_step(draw, target=4, enabled=True, max_rounds=2)
+  drawn = draw_lib.draw_step(draw, target=4, enabled=True, max_rounds=2)
   assert calls == [0, 1] and drawn.kept_rows == 8
   np.testing.assert_array_equal(drawn.kept, [1, 7])
   assert len(drawn.update.prompts) == 2  # two groups bucket to 2: no padding
-  drawn = dynamic.draw_step(scripted_draw([[False, True, True, True]])[0], target=4,
+  drawn = draw_lib.draw_step(scripted_draw([[False, True, True, True]])[0], target=4,
                             enabled=True, max_rounds=1)
   assert len(drawn.update.prompts) == 4  # three groups bucket to 4: one padding group
   assert not drawn.update.completion_mask_rt[12:].any()
   assert not drawn.update_advantage_r[12:].any() and drawn.update_advantage_r[:12].any()
-  drawn = dynamic.draw_step(scripted_draw([[False] * 4] * 3)[0], target=4, enabled=True,
+  drawn = draw_lib.draw_step(scripted_draw([[False] * 4] * 3)[0], target=4, enabled=True,
                             max_rounds=3)
   assert drawn.rounds == 3 and len(drawn.kept) == 0 and drawn.kept_rows == 0
   m = drawn.metrics()
@@ -309,9 +310,9 @@ def test_a_run_logs_dynamic_metrics_and_updates_on_signal_groups_only(tmp_path, 
     groups = len(advantage_r) // n
     assert groups in (1, 2, 4) and len(batch.prompts) == groups
     kept = round(line["dynamic/kept_fraction"] * line["dynamic/prompts_consumed"])
-    assert groups == dynamic.bucket_groups(kept, 4)
+    assert groups == draw_lib.bucket_groups(kept, 4)
     advantage_gn = advantage_r.reshape(groups, n)
-    assert dynamic.signal_groups(advantage_gn)[:kept].all()  # every kept group has signal
+    assert draw_lib.signal_groups(advantage_gn)[:kept].all()  # every kept group has signal
     assert not advantage_gn[kept:].any() and not batch.completion_mask_rt[kept * n:].any()
     recomputed = ESTIMATOR.advantages(batch.rewards_bn[:kept], batch.answer_ids_bn[:kept])
     np.testing.assert_array_equal(advantage_gn[:kept], recomputed)
@@ -319,7 +320,7 @@ def test_a_run_logs_dynamic_metrics_and_updates_on_signal_groups_only(tmp_path, 
 
 def _main(workdir, **overrides):
   """`ksjax.main` with hashed rewards: this file run as a module."""
-  return [sys.executable, "-m", "tests.trainer.test_dynamic", "--config=configs/pass_at_k.py",
+  return [sys.executable, "-m", "tests.trainer.test_draw", "--config=configs/pass_at_k.py",
           f"--config.workdir={workdir}"] + _flags({**test_run.TINY, **DYNAMIC, **overrides})
 
 
