@@ -181,6 +181,7 @@ def start_config(study) -> ml_collections.ConfigDict:
   config = _load_config("pass_at_k")
   _common(config, study, os.path.join(study.out, "runs", "start"))
   config.sft_warmup.steps = study.warmup_steps
+  config.sft_warmup.target_pass_at_1 = 0.0  # the registered fixed-step warm-up, not the target
   config.num_steps = 0
   return config
 

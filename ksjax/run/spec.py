@@ -489,15 +489,26 @@ class OptimizerSpec(_Spec):
 
 @dataclasses.dataclass(frozen=True)
 class WarmupSpec(_Spec):
-  """Supervised warm-up on the task's reference solutions, before RL (0 steps: none)."""
+  """Supervised warm-up on the task's reference solutions, before RL (0 steps: none).
+
+  With a `target_pass_at_1` (not None or 0), `steps` is the most it runs: every `check_every`
+  steps it samples `calibration_samples` completions at temperature 1 for each of
+  `calibration_prompts` training prompts and stops at the first check whose pass@1 reaches the
+  target (`ksjax.trainer.warmup`).
+  """
   steps: int = 0
   batch_size: int = 64
   learning_rate: float = 3e-3
   lr_warmup_steps: int = 20
   weight_decay: float = 0.0
+  target_pass_at_1: float | None = None  # None or 0: exactly `steps` steps
+  check_every: int = 25
+  calibration_prompts: int = 32
+  calibration_samples: int = 4
 
   CONFIG = {f: f"sft_warmup.{f}" for f in (
-      "steps", "batch_size", "learning_rate", "lr_warmup_steps", "weight_decay")}
+      "steps", "batch_size", "learning_rate", "lr_warmup_steps", "weight_decay",
+      "target_pass_at_1", "check_every", "calibration_prompts", "calibration_samples")}
 
   def __post_init__(self):
     c = self._view()
@@ -506,6 +517,20 @@ class WarmupSpec(_Spec):
     cv.real(c, "sft_warmup.learning_rate", lo=0.0, lo_open=True)
     cv.integer(c, "sft_warmup.lr_warmup_steps", lo=0)
     cv.real(c, "sft_warmup.weight_decay", lo=0.0)
+    try:  # 0 as well as None: a command-line override cannot set a float field to None
+      cv.optional_real(c, "sft_warmup.target_pass_at_1", lo=0.0, hi=1.0, hi_open=True)
+    except ConfigError:
+      raise ConfigError(f"config.sft_warmup.target_pass_at_1={self.target_pass_at_1!r} is not "
+                        "accepted; expected None or 0 (a fixed number of steps) or a number in "
+                        "(0, 1) (the calibration pass@1 that stops the warm-up)") from None
+    cv.integer(c, "sft_warmup.check_every", lo=1)
+    cv.integer(c, "sft_warmup.calibration_prompts", lo=1)
+    cv.integer(c, "sft_warmup.calibration_samples", lo=1)
+
+  @property
+  def targeted(self) -> bool:
+    """Whether calibration checks may stop the warm-up before `steps`."""
+    return bool(self.target_pass_at_1)
 
   def optimizer(self) -> OptimizerSpec:
     """The warm-up's own AdamW (its state is discarded afterwards: RL starts afresh)."""

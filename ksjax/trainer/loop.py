@@ -318,10 +318,14 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
     task.tokenizer.save(run_dir.tokenizer_dir)
   if spec.warmup.steps:
     w = spec.warmup
-    _say(f"supervised warm-up: {w.steps} steps of {w.batch_size} reference solutions")
+    until = (f" (at most; until calibration pass@1 >= {w.target_pass_at_1:g})"
+             if w.targeted else "")
+    _say(f"supervised warm-up: {w.steps} steps{until} of {w.batch_size} reference solutions")
     params, summary = warmup.warm_up(llama, task, w, seed=spec.run.seed, mesh=mesh, log=_say,
-                                     log_every=max(1, w.steps // 4))
-    _say(f"warm-up done in {summary['seconds']:.0f}s, loss {summary['loss']:.3f}")
+                                     log_every=max(1, w.steps // 4),
+                                     max_new_tokens=spec.held_out.max_new_tokens)
+    _say(f"warm-up done in {summary['seconds']:.0f}s after {summary['steps']} steps, loss "
+         f"{summary['loss']:.3f}")
   if os.path.isdir(start_dir):  # a previous attempt died before its first checkpoint
     shutil.rmtree(start_dir)
   model.save_checkpoint(start_dir, llama)

@@ -12,10 +12,21 @@ It runs through the RL update's own `Updater`: that loss with every advantage 1,
 weight and token weights 1 / (solution tokens in the batch) is exactly the mean negative
 log-likelihood, so the warm-up gets the update's activation shardings, donation and non-finite
 skip without a second compiled step to maintain.
+
+Where a fixed number of steps leaves the policy depends on floating-point details (the CPU's
+instruction set, the order of a sum), so a warm-up may instead stop at a target: with
+`WarmupSpec.target_pass_at_1` set, every `check_every` steps the current parameters sample
+completions for a fixed, seeded set of training prompts (`calibration_prompts`; the held-out split
+is never read) through the run's own sample-decode-score path (`ksjax.run.scoring`), and the
+warm-up stops at the first check whose pass@1 reaches the target, or at `steps`. A check reads the
+parameters only: the example order and the optimizer are those of the fixed-step warm-up, so a
+warm-up stopped at step s has exactly the parameters of a fixed warm-up of s steps, and the checks
+sample from their own seed.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -24,14 +35,21 @@ import numpy as np
 from flax import nnx
 
 from ksjax import model
+from ksjax.run import scoring
 from ksjax.run.spec import LossSpec, WarmupSpec
-from ksjax.tasks.base import Task
+from ksjax.tasks.base import Prompt, Task
 from ksjax.tokenization import Tokenizer
 from ksjax.trainer import update
 from ksjax.trainer.batch import MicroBatch
 
 
-def examples(task: Task, split: str = "train") -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+TRAIN_SPLIT = "train"  # the split the warm-up trains on, and the only one its checks read
+# Mixed into the run's seed for the calibration's prompts and samples, so that they are a stream of
+# their own: the warm-up's example order does not depend on whether checks run.
+CALIBRATION_STREAM = 0x6361_6C69
+
+
+def examples(task: Task, split: str = TRAIN_SPLIT) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
   """(prompt tokens, solution tokens + EOS) for every reference solution of every prompt."""
   tokenizer = task.tokenizer
   out = []
@@ -66,11 +84,56 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def calibration_prompts(task: Task, count: int, seed: int) -> list[Prompt]:
+  """`count` training prompts (all of them if the split has fewer), fixed by `seed`.
+
+  An equal share comes from each difficulty level (`metadata["level"]`; one group if the task has
+  none), so the calibration's pass@1 does not depend on how many training problems each level
+  happens to have. The draws use their own stream (`CALIBRATION_STREAM`).
+  """
+  prompts = list(task.prompts(TRAIN_SPLIT))
+  if count >= len(prompts):
+    return prompts
+  groups: dict = {}
+  for i, prompt in enumerate(prompts):
+    groups.setdefault(prompt.metadata.get("level"), []).append(i)
+  rng = np.random.default_rng([CALIBRATION_STREAM, seed])
+  queues = [list(rng.permutation(indices)) for indices in groups.values()]
+  chosen: list[int] = []
+  while len(chosen) < count:  # round robin over the levels; count < len(prompts) ends it
+    for queue in queues:
+      if queue and len(chosen) < count:
+        chosen.append(int(queue.pop()))
+  return [prompts[i] for i in sorted(chosen)]
+
+
+def calibration_seed(seed: int) -> int:
+  """The sampler seed of every check: the same draws each time, so that the checks differ by the
+  parameters only."""
+  return int(np.random.default_rng([CALIBRATION_STREAM, seed, 1]).integers(2**32))
+
+
+def calibration_pass_at_1(llama: model.Llama, task: Task, prompts: Sequence[Prompt],
+                          spec: WarmupSpec, *, max_new_tokens: int, seed: int,
+                          mesh: jax.sharding.Mesh | None = None) -> float:
+  """The mean over `prompts` of the fraction of `spec.calibration_samples` completions at
+  temperature 1 that the task scores correct (the unbiased pass@1)."""
+  draw = scoring.Draw(num_samples=spec.calibration_samples, max_new_tokens=max_new_tokens,
+                      temperature=1.0, top_p=1.0, top_k=0)
+  scored = scoring.sample_and_score(llama, task, prompts, draw, seed=seed, mesh=mesh)
+  return float(np.mean(scored.correct_gn))
+
+
 def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
-            mesh: jax.sharding.Mesh, log_every: int = 50,
+            mesh: jax.sharding.Mesh, log_every: int = 50, max_new_tokens: int | None = None,
             log=print) -> tuple[nnx.State, dict[str, float]]:
-  """Trains `llama` (in place) for `spec.steps` steps on reference solutions; returns its state
-  and a summary {"loss": final smoothed loss, "seconds": wall time}."""
+  """Trains `llama` (in place) on reference solutions for `spec.steps` steps, or until a check's
+  calibration pass@1 reaches `spec.target_pass_at_1` when that is set; returns its state and a
+  summary {"loss": final smoothed loss, "seconds": wall time, "steps": steps taken,
+  "calibration_pass_at_1": the last check's (nan without checks)}.
+
+  `max_new_tokens` is the checks' generation budget (None: the longest reference solution with
+  its EOS)."""
   tokenizer: Tokenizer = task.tokenizer
   pairs = examples(task)
   prompt_len = round_up(max(len(p) for p, _ in pairs), 8)
@@ -81,10 +144,12 @@ def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
                  sparse_updates=False)
   updater = update.Updater(graphdef, spec.optimizer().build(), nll, mesh, temperature=1.0)
   state = updater.init_state(params, jax.random.key(seed))
+  calibration = calibration_prompts(task, spec.calibration_prompts, seed) if spec.targeted else []
+  budget = max_new_tokens or max(len(c) for _, c in pairs)
 
   rng = np.random.default_rng(seed)
   order, cursor = rng.permutation(len(pairs)), 0
-  start, smoothed = time.time(), None
+  start, smoothed, steps, reached, pass_at_1 = time.time(), None, 0, False, float("nan")
   for i in range(spec.steps):
     if cursor + spec.batch_size > len(order):
       order, cursor = rng.permutation(len(pairs)), 0
@@ -97,10 +162,28 @@ def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
                       behaviour_logp=np.zeros(tokens_bt.shape, np.float32),
                       advantage=np.ones(len(batch), np.float32))
     state, metrics = updater.step(state, updater.place(rows.split(len(batch))), prompt_len)
-    if (i + 1) % log_every == 0 or i + 1 == spec.steps:
+    steps = i + 1
+    if spec.targeted and steps % spec.check_every == 0:
+      # A module of its own around the current parameters: `llama` is only updated at the end.
+      pass_at_1 = calibration_pass_at_1(nnx.merge(graphdef, state.params), task, calibration,
+                                        spec, max_new_tokens=budget, seed=calibration_seed(seed),
+                                        mesh=mesh)
+      reached = pass_at_1 >= spec.target_pass_at_1
+      log(f"warm-up step {steps}: calibration pass@1 {pass_at_1:.3f} (target "
+          f"{spec.target_pass_at_1:g}; {len(calibration)} training prompts x "
+          f"{spec.calibration_samples} samples)")
+    if steps % log_every == 0 or steps == spec.steps or reached:
       loss = float(metrics["loss"])
       smoothed = loss if smoothed is None else 0.7 * smoothed + 0.3 * loss
-      log(f"warm-up step {i + 1}/{spec.steps}: loss {loss:.4f} ({time.time() - start:.0f}s)")
+      log(f"warm-up step {steps}/{spec.steps}: loss {loss:.4f} ({time.time() - start:.0f}s)")
+    if reached:
+      break
+  if spec.targeted and steps and not reached:
+    last = (f"no check ran (check_every={spec.check_every})" if math.isnan(pass_at_1) else
+            f"the last check gave {pass_at_1:.3f}")
+    log(f"warm-up stopped at its maximum of {steps} steps without reaching calibration pass@1 "
+        f"{spec.target_pass_at_1:g}; {last}")
   nnx.update(llama, state.params)
   return state.params, {"loss": float("nan") if smoothed is None else smoothed,
-                        "seconds": time.time() - start}
+                        "seconds": time.time() - start, "steps": steps,
+                        "calibration_pass_at_1": pass_at_1}
