@@ -20,6 +20,9 @@ Nor do library INFO lines print unasked: absl's `app.run` turns verbosity up to 
 command line names none, and jax then opens every run on a CPU or GPU host with "Unable to
 initialize backend 'tpu'", an alarm about nothing. The boundary sets absl's verbosity to WARNING
 unless the user chose it or asked for log lines (`quiet_library_info`); warnings and errors print.
+
+The boundary is also where every binary turns on JAX's persistent compilation cache, before its
+first compilation (`ksjax.compilation_cache`; KSJAX_COMPILATION_CACHE moves it or turns it off).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from ksjax import compilation_cache
 
 EXIT_INPUT = 2
 
@@ -44,6 +49,7 @@ INPUT_ERRORS = (
     ("ksjax.run.checkpoints", "CheckpointInputError"),   # a run's step checkpoints (eval)
     ("ksjax.run.checkpoints", "CheckpointError"),        # none of a run's checkpoints readable
     ("ksjax.tasks.sandbox", "SandboxUnavailable"),       # the host: the sandbox's self-test
+    ("ksjax.compilation_cache", "CompilationCacheError"),  # KSJAX_COMPILATION_CACHE
 )
 
 
@@ -245,13 +251,15 @@ def boundary(prog: str, main: Callable[[list[str]], Any],
   """`main` (for `absl.app.run`) with the boundary: an input error (`INPUT_ERRORS`, or one of
   `extra`) becomes one line on stderr and exit status 2, with the libraries' log lines of the
   start dropped; anything else propagates with its traceback, after the held lines. Library INFO
-  lines print only when asked for (`quiet_library_info`)."""
+  lines print only when asked for (`quiet_library_info`). JAX's persistent compilation cache is
+  set up here, before `main` compiles anything (`ksjax.compilation_cache`)."""
 
   def wrapped(argv: list[str]) -> Any:
     quiet_library_info()  # before the hold: see there
     hold = LogHold(release_on_stdout=True)
     _BOUNDARY.append(hold)
     try:
+      compilation_cache.configure(prog)
       return main(argv)
     except Exception as e:  # pylint: disable=broad-except
       if not isinstance(e, input_error_types(extra)):

@@ -1,12 +1,21 @@
-"""Test-session set-up: 8 fake CPU devices for every test, float64 available on request, and a
-failed Orbax restore's leftovers kept from crashing the session (`pytest_configure`).
+"""Test-session set-up: 8 fake CPU devices for every test, float64 available on request, one
+compilation cache per session, and a failed Orbax restore's leftovers kept from crashing the
+session (`pytest_configure`).
 
 XLA_FLAGS must be set before jax is first imported, so it happens here at collection time. Tests that
 need a single device simply do not shard; multi-device tests build meshes from `jax.devices()`.
+
+The binaries' persistent compilation cache (`ksjax.compilation_cache`) goes to a temporary
+directory made by the session's first process and removed when it ends: the suite never writes to
+the user's cache, and its processes (xdist workers, which inherit the variable, and the binaries
+tests start) compile each program once. A KSJAX_COMPILATION_CACHE already set is kept.
 """
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 
 import pytest
@@ -15,6 +24,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Fewer threads per test process: the suite runs with pytest-xdist on small machines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if "KSJAX_COMPILATION_CACHE" not in os.environ:
+  os.environ["KSJAX_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="ksjax-tests-jax-cache-")
+  atexit.register(shutil.rmtree, os.environ["KSJAX_COMPILATION_CACHE"], ignore_errors=True)
 
 
 def is_orbax_leftover(unraisable) -> bool:

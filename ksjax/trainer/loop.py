@@ -137,6 +137,7 @@ def train(spec: TrainSpec) -> None:
 
 
 def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> None:
+  compiled = metrics.CompileCounter()  # the whole run's, for its last lines
   tokenizer = task.tokenizer
   mesh, sampler_mesh = async_rollouts.meshes(spec)  # the sampler's own sub-mesh, if any
   batch_shards = model.sharding.batch_shards(mesh)
@@ -264,6 +265,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     model.save_checkpoint(run_dir.final_dir, final)
   if spec.held_out.at_end:
     _final_eval(spec, final, task, mesh, run_dir)
+  _say(compiled.summary())
   _say(f"done in {time.time() - start_time:.0f}s; outputs in {run_dir.workdir}")
 
 

@@ -8,19 +8,22 @@ killed and resumed has each step once. Only JAX process 0 writes.
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
 
-`CompileCounter` counts XLA compilations and their seconds (JAX's own monitoring events), so that
-each step logs `compile/count` and `compile/seconds`: a run whose shapes are bucketed well compiles
-in its first steps only, and a step that compiles again shows it.
+`CompileCounter` counts XLA compilations and their seconds (JAX's own monitoring events), in all and
+per program, so that each step logs `compile/count`, `compile/seconds` and `compile/cache_hits`
+(those read from the persistent compilation cache), and a run ends with one line naming the
+programs that took the time: a run whose shapes are bucketed well compiles in its first steps
+only, a step that compiles again shows it, and a program compiled many times is named.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
-
+import re
 import threading
+from collections.abc import Mapping
 
 import jax
 import jax.monitoring
@@ -31,40 +34,117 @@ from ksjax import files
 from ksjax.run.directory import RunDirectory
 
 
-# JAX records this event once per XLA compilation, with its seconds (jax/_src/dispatch.py).
+# JAX records this event once per XLA compilation, with its seconds and the program's name
+# (`fun_name`, e.g. "jit(update)"; jax/_src/dispatch.py, interpreters/pxla.py). A program read
+# from the persistent compilation cache records it too, with the seconds of the read, after
+# CACHE_HIT_EVENT on the same thread (jax/_src/compiler.py `compile_or_get_cached`).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+@dataclasses.dataclass
+class Compiled:
+  """Compilations of one program (or of all): how many, their seconds, and how many of them were
+  read from the persistent compilation cache."""
+  count: int = 0
+  seconds: float = 0.0
+  cache_hits: int = 0
+
+  def add(self, seconds: float, hit: bool) -> None:
+    self.count += 1
+    self.seconds += seconds
+    self.cache_hits += int(hit)
+
+  def minus(self, other: "Compiled") -> "Compiled":
+    return Compiled(self.count - other.count, self.seconds - other.seconds,
+                    self.cache_hits - other.cache_hits)
+
+
+def program_name(fun_name: str) -> str:
+  """The function's own name: "jit(update)" -> "update"."""
+  match = re.fullmatch(r"\w+\((.*)\)", fun_name)
+  return match.group(1) if match else fun_name
 
 
 class CompileCounter:
-  """Counts XLA compilations in this process from the moment it is made (JAX's listeners cannot be
-  removed one by one, so the listener is registered once per process and feeds every counter)."""
+  """Counts XLA compilations in this process from the moment it is made, in all and per program
+  (JAX's listeners cannot be removed one by one, so the listeners are registered once per process
+  and feed every counter).
+
+  A compilation served by the persistent compilation cache (`ksjax.compilation_cache`) counts as
+  one, with the seconds of its read, and as a cache hit: so a run whose programs all come from the
+  cache still shows how many it built, and how few seconds that took.
+  """
 
   _lock = threading.Lock()
-  _count = 0
-  _seconds = 0.0
+  _total = Compiled()
+  _programs: dict[str, Compiled] = {}
+  _hit = threading.local()  # a cache hit seen on this thread, for its compile event to come
   _registered = False
 
   def __init__(self):
     with CompileCounter._lock:
       if not CompileCounter._registered:
+        jax.monitoring.register_event_listener(CompileCounter._record_hit)
         jax.monitoring.register_event_duration_secs_listener(CompileCounter._record)
         CompileCounter._registered = True
-      self._base = (CompileCounter._count, CompileCounter._seconds)
+      self._base = dataclasses.replace(CompileCounter._total)  # for `take`
+      self._start = dataclasses.replace(CompileCounter._total)  # for `programs` and `summary`
+      self._start_programs = {name: dataclasses.replace(c)
+                              for name, c in CompileCounter._programs.items()}
 
   @staticmethod
-  def _record(event: str, seconds: float, **_) -> None:
-    if event == BACKEND_COMPILE_EVENT:
-      with CompileCounter._lock:
-        CompileCounter._count += 1
-        CompileCounter._seconds += seconds
+  def _record_hit(event: str, **_) -> None:
+    if event == CACHE_HIT_EVENT:
+      CompileCounter._hit.seen = True
+
+  @staticmethod
+  def _record(event: str, seconds: float, **kwargs) -> None:
+    if event != BACKEND_COMPILE_EVENT:
+      return
+    hit = getattr(CompileCounter._hit, "seen", False)
+    CompileCounter._hit.seen = False
+    name = program_name(str(kwargs.get("fun_name", "?")))
+    with CompileCounter._lock:
+      CompileCounter._total.add(seconds, hit)
+      CompileCounter._programs.setdefault(name, Compiled()).add(seconds, hit)
 
   def take(self) -> dict[str, float]:
-    """Compilations and their seconds since the last `take` (or since construction)."""
+    """Compilations, their seconds and the cache hits among them since the last `take` (or since
+    construction): a step's `compile/*` scalars."""
     with CompileCounter._lock:
-      now = (CompileCounter._count, CompileCounter._seconds)
-    count, seconds = now[0] - self._base[0], now[1] - self._base[1]
+      now = dataclasses.replace(CompileCounter._total)
+    step = now.minus(self._base)
     self._base = now
-    return {"compile/count": float(count), "compile/seconds": seconds}
+    return {"compile/count": float(step.count), "compile/seconds": step.seconds,
+            "compile/cache_hits": float(step.cache_hits)}
+
+  def total(self) -> Compiled:
+    """All compilations since construction."""
+    with CompileCounter._lock:
+      return CompileCounter._total.minus(self._start)
+
+  def programs(self) -> dict[str, Compiled]:
+    """Compilations per program since construction (programs that compiled at all)."""
+    with CompileCounter._lock:
+      now = {name: c.minus(self._start_programs.get(name, Compiled()))
+             for name, c in CompileCounter._programs.items()}
+    return {name: c for name, c in now.items() if c.count}
+
+  def summary(self, most: int = 4) -> str:
+    """One line for the end of a run: programs, compilations (those read from the persistent
+    cache), seconds, and the `most` programs that took the most seconds, with their counts; a
+    program compiled more than once is one whose shapes changed (e.g. a new row bucket)."""
+    total, programs = self.total(), self.programs()
+    line = f"compiled: {len(programs)} programs, {total.count} compilations"
+    if total.cache_hits:
+      line += f" ({total.cache_hits} read from the persistent cache)"
+    line += f", {total.seconds:.1f} s"
+    ranked = sorted(programs.items(), key=lambda item: (-item[1].seconds, item[0]))
+    shown = [f"{name} {c.count}x {c.seconds:.1f} s" for name, c in ranked[:most]]
+    if len(ranked) > most:
+      shown.append(f"{len(ranked) - most} more")
+    return line + (f" ({', '.join(shown)})" if shown else "")
 
 
 def _is_writer() -> bool:
