@@ -24,7 +24,8 @@ from ksjax.run import checkpoints
 from ksjax.run import spec as spec_lib
 from ksjax.run.directory import RunDirectory
 from ksjax.tasks.base import Prompt
-from ksjax.trainer import async_rollouts, dynamic, loop, losses, memory_plan, metrics
+from ksjax.trainer import async_rollouts, loop, losses, memory_plan, metrics
+from ksjax.trainer import draw as draw_lib
 from ksjax.trainer.rollout import Rollout
 from tests.trainer.test_run import _final_params, _tiny_config
 
@@ -272,7 +273,7 @@ def test_saved_rollouts_load_back_and_a_changed_file_is_refused_by_name(tmp_path
     assert path in str(e.value) and "Delete it to resume from step 6" in str(e.value)
 
 
-def _drawn() -> dynamic.Drawn:
+def _drawn() -> draw_lib.Drawn:
   """A step's rollout as dynamic sampling makes one (an update of kept and padding groups beside
   what was sampled), with every kind of value a rollouts file stores."""
   rng = np.random.default_rng(3)
@@ -293,8 +294,8 @@ def _drawn() -> dynamic.Drawn:
       rewards_bn=np.asarray([[1, -1], [np.nan, 0]], np.float32),
       correct_bn=np.asarray([[True, False], [False, False]]),
       answer_ids_bn=np.asarray([[0, 1], [0, 0]], np.int32))
-  update = dynamic.take_groups(sampled, np.asarray([0]), 2)  # group 0, then a padding copy of it
-  return dynamic.Drawn(sampled, np.asarray([[0.5, -0.5], [0.0, 0.0]], np.float32),
+  update = draw_lib.take_groups(sampled, np.asarray([0]), 2)  # group 0, then a padding copy of it
+  return draw_lib.Drawn(sampled, np.asarray([[0.5, -0.5], [0.0, 0.0]], np.float32),
                        np.asarray([0]), update, np.asarray([0.5, -0.5, 0, 0], np.float32), 1,
                        np.int64(2))
 
