@@ -172,17 +172,29 @@ def eval_dir(runs_dir: str, name: str) -> str:
   return os.path.join(runs_dir, name, "eval_study")
 
 
+def eval_command(run_dir: str, output_dir: str, *, config: str, settings: dict, steps: str,
+                 include_start: bool, run_fields=()) -> list[str]:
+  """The eval binary's command line: checkpoints `steps` of `run_dir` (and its start policy, as
+  step 0) with the evaluation `settings` ({field: value}; a sequence as a comma-separated list)
+  and the trainer config `config` with `run_fields` ((field, value) pairs) set, into
+  `output_dir`."""
+  value = lambda v: ",".join(map(str, v)) if isinstance(v, (tuple, list)) else v
+  return [sys.executable, "-m", "ksjax.eval", f"--config=configs/eval.py:{config}",
+          f"--config.checkpoint_dir={run_dir}", f"--config.steps={steps}",
+          f"--config.output_dir={output_dir}", "--config.plots=False",
+          f"--config.include_start={include_start}",
+          *(f"--config.{k}={value(v)}" for k, v in settings.items()),
+          *(f"--config.run.{k}={v}" for k, v in run_fields)]
+
+
 def evaluate(runs_dir: str, name: str, *, include_start: bool, quick: bool) -> None:
   """The eval binary on run `name`'s last checkpoint (and its start policy, as step 0)."""
-  settings = {**EVAL, **(QUICK_EVAL if quick else {})}
-  command = [sys.executable, "-m", "ksjax.eval",
-             f"--config=configs/eval.py:{QUICK_CONFIG if quick else BASE_CONFIG}",
-             f"--config.checkpoint_dir={os.path.join(runs_dir, name)}", "--config.steps=latest",
-             f"--config.output_dir={eval_dir(runs_dir, name)}", "--config.plots=False",
-             "--config.kl_reference=start", f"--config.include_start={include_start}",
-             *(f"--config.{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
-               for k, v in settings.items()),
-             *(f"--config.run.{k}={v}" for k, v in QUICK_FIELDS if quick)]
+  command = eval_command(os.path.join(runs_dir, name), eval_dir(runs_dir, name),
+                         config=QUICK_CONFIG if quick else BASE_CONFIG,
+                         settings={"kl_reference": "start", **EVAL,
+                                   **(QUICK_EVAL if quick else {})},
+                         steps="latest", include_start=include_start,
+                         run_fields=QUICK_FIELDS if quick else ())
   print(" ".join(command[1:]), flush=True)
   subprocess.run(command, cwd=REPO, check=True)
   path = os.path.join(eval_dir(runs_dir, name), "commits.json")
@@ -247,23 +259,30 @@ def publish(runs_dir: str, out: str, name: str) -> None:
   """Copies a finished, evaluated run's kept files from `runs_dir` to `<out>/<name>` (and the
   start's record to `start_eval.json` once), named without this machine's paths. The study's
   report reads nothing else, so committing `out` after each run keeps it across machines."""
-  rm = real_model()
-  run = RunDirectory(os.path.join(runs_dir, name))
-  target = os.path.join(out, name)
-  os.makedirs(target, exist_ok=True)
+  target = publish_run_files(runs_dir, out, name)
   by_step = records(runs_dir, name)
   if 0 in by_step and not os.path.isfile(start_path(out)):
     files.write_json(start_path(out), _relative_checkpoint(by_step[0], runs_dir))
-  for path in (run.metrics_jsonl, run.config_json,
-               os.path.join(runs_dir, name, "attempts.json")):
-    files.write_text(os.path.join(target, os.path.basename(path)),
-                     open(path, encoding="utf-8").read())
-  rm.publishable_config(os.path.join(target, os.path.basename(run.config_json)), runs_dir, name)
   files.write_text(os.path.join(target, "eval_commits.json"),
                    open(os.path.join(eval_dir(runs_dir, name), "commits.json"),
                         encoding="utf-8").read())
   files.write_json(os.path.join(target, "eval_end.json"),
                    _relative_checkpoint(by_step[_last_step(runs_dir, name)], runs_dir))
+
+
+def publish_run_files(runs_dir: str, out: str, name: str) -> str:
+  """Copies run `name`'s step log, attempts and config (naming no path of this machine) from
+  `runs_dir` to `<out>/<name>`; returns that directory."""
+  run = RunDirectory(os.path.join(runs_dir, name))
+  target = os.path.join(out, name)
+  os.makedirs(target, exist_ok=True)
+  for path in (run.metrics_jsonl, run.config_json,
+               os.path.join(runs_dir, name, "attempts.json")):
+    files.write_text(os.path.join(target, os.path.basename(path)),
+                     open(path, encoding="utf-8").read())
+  real_model().publishable_config(os.path.join(target, os.path.basename(run.config_json)),
+                                  runs_dir, name)
+  return target
 
 
 def prune_checkpoints(runs_dir: str, name: str) -> None:
@@ -327,12 +346,14 @@ def finished_seeds(out: str, variants, seeds) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 def _values(record: dict) -> dict[str, float]:
-  """A record's overall metrics, its levels' as "level<L>/<metric>", and "kl" (k3)."""
+  """A record's overall metrics, its levels' as "level<L>/<metric>", and "kl" (k3) where it was
+  measured."""
   out = dict(record["metrics"])
   for group, values in record["groups"].items():
     if group.startswith("level="):
       out.update({f"level{group[6:]}/{m}": v for m, v in values.items() if m != "num_problems"})
-  out["kl"] = record["metrics"]["kl_k3"]
+  if "kl_k3" in record["metrics"]:
+    out["kl"] = record["metrics"]["kl_k3"]
   return out
 
 
@@ -869,18 +890,28 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
   print(f"wrote {out}", flush=True)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default=DEFAULT_OUT)
-  parser.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "real_model_study"))
-  parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-  parser.add_argument("--variants", default=",".join(VARIANTS))
-  parser.add_argument("--partial", action="store_true",
-                      help="report the seeds finished so far, without running anything")
+def study_arguments(doc: str, *, out: str, runs: str, seeds: str | None, group: str,
+                    groups: str | None, partial: str) -> argparse.Namespace:
+  """The command line of a real-model study (this one, experiments/decisive_study.py): where it
+  publishes (`out`) and runs (`runs_dir`, named `runs` under the repository's runs/), which
+  seeds and which runs of each (`--<group>`, e.g. variants), and --partial, --status, --quick."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+  parser.add_argument("--out", default=out)
+  parser.add_argument("--runs_dir", default=os.path.join(REPO, "runs", runs))
+  parser.add_argument("--seeds", default=seeds)
+  parser.add_argument(f"--{group}", default=groups)
+  parser.add_argument("--partial", action="store_true", help=partial)
   parser.add_argument("--status", action="store_true",
                       help="print the runs finished so far, writes and runs nothing")
   parser.add_argument("--quick", action="store_true")
-  args = parser.parse_args()
+  return parser.parse_args()
+
+
+def main():
+  args = study_arguments(__doc__, out=DEFAULT_OUT, runs="real_model_study",
+                         seeds=",".join(map(str, SEEDS)), group="variants",
+                         groups=",".join(VARIANTS),
+                         partial="report the seeds finished so far, without running anything")
   variants = args.variants.split(",")
   bad = [v for v in variants if v not in VARIANTS]
   try:

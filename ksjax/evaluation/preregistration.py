@@ -13,6 +13,11 @@ runs it is read: "last", the default, or "kl", pass@k at the held-out KL every c
 reaches). Its test is the paired t-test over seeds of a minus b, two-sided (`statistics.paired`);
 the primary statements are corrected together by Holm, the secondary ones are not.
 
+An arm is described in words, or by an object; an object may give the arm its own "seeds" (two
+or more of the study's), for a study that runs some arms on fewer seeds than others (its other
+fields are the study's to read). A statement is tested on the seeds both of its arms run
+(`statement_seeds`).
+
 `judge` turns the per-seed values of each statement into its verdict. Only a pre-registered
 primary statement can be "supported"; a pre-registered secondary statement is at most
 "significant, uncorrected"; anything a report adds after the fact is "exploratory", whatever
@@ -67,6 +72,19 @@ class Preregistration:
   def primary(self) -> tuple[Statement, ...]:
     return tuple(s for s in self.statements if s.kind == PRIMARY)
 
+  def arm_seeds(self, arm: str) -> tuple[int, ...]:
+    """The seeds `arm` runs: its own "seeds" where its description gives them, else the
+    study's."""
+    described = self.arms[arm]
+    if isinstance(described, Mapping) and "seeds" in described:
+      return tuple(described["seeds"])
+    return self.seeds
+
+  def statement_seeds(self, statement: Statement) -> tuple[int, ...]:
+    """The seeds a statement is tested on: those both of its arms run, in the study's order."""
+    both = set(self.arm_seeds(statement.a)) & set(self.arm_seeds(statement.b))
+    return tuple(s for s in self.seeds if s in both)
+
 
 def _fail(path: str, what: str) -> ConfigError:
   return ConfigError(f"pre-registration {path}: {what}")
@@ -101,6 +119,12 @@ def load(path: str) -> Preregistration:
   arms = raw["arms"]
   if not isinstance(arms, dict) or len(arms) < 2:
     raise _fail(path, f"arms={arms!r}; expected an object naming two or more arms")
+  for arm, described in arms.items():
+    own = described.get("seeds", seeds) if isinstance(described, dict) else seeds
+    if (not isinstance(own, list) or len(own) < 2 or len(set(own)) != len(own)
+        or not all(isinstance(s, int) and s in seeds for s in own)):
+      raise _fail(path, f"arms.{arm}.seeds={own!r}; expected a list of two or more distinct "
+                  "seeds of the study's")
   statements, seen = [], set()
   for kind in (PRIMARY, SECONDARY):
     items = raw.get(kind, [])
@@ -135,8 +159,9 @@ def load(path: str) -> Preregistration:
 def judge(prereg: Preregistration, values: Mapping[str, tuple[Sequence[float], Sequence[float]]],
           exploratory: Sequence[Statement] = (), *, registered: bool = True
           ) -> list[dict[str, Any]]:
-  """The verdict of every statement from its per-seed values {id: (a_values, b_values)}, each in
-  the order of `prereg.seeds`.
+  """The verdict of every statement from its per-seed values {id: (a_values, b_values)}, seed i
+  at index i in both (the seeds it is tested on: `Preregistration.statement_seeds`, less any the
+  study leaves out and says so).
 
   Primary statements: paired t over seeds, two-sided, Holm-adjusted together; "supported" when
   the adjusted p is below alpha (the sign of the difference says which way). Secondary: the

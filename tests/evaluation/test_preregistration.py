@@ -46,11 +46,26 @@ def test_the_committed_embedded_registration_loads():
                    "at": "end"}]}, "at='end'"),
     ({"secondary": [{"id": "P1", "text": "t", "a": "mean", "b": "pass_at_k",
                      "metric": "pass@1"}]}, "twice"),
+    ({"arms": {**ARMS, "mean": {"seeds": [0]}}}, "arms.mean.seeds"),
+    ({"arms": {**ARMS, "mean": {"seeds": [0, 7]}}}, "arms.mean.seeds"),
+    ({"arms": {**ARMS, "mean": {"seeds": "0,1"}}}, "arms.mean.seeds"),
 ])
 def test_a_bad_registration_is_one_line(tmp_path, overrides, match):
   with pytest.raises(ConfigError, match=match) as e:
     preregistration.load(_write(tmp_path, **overrides))
   assert "\n" not in str(e.value) and "prereg.json" in str(e.value)
+
+
+def test_arms_may_run_fewer_seeds_and_a_statement_uses_the_seeds_both_ran(tmp_path):
+  arms = {"mean": {"config": "c", "seeds": [3, 0, 1]}, "pass_at_k": "every seed",
+          "biased": {"seeds": [2, 3]}}
+  prereg = preregistration.load(_write(tmp_path, arms=arms, secondary=[
+      {"id": "S1", "text": "t", "a": "biased", "b": "mean", "metric": "pass@4"}]))
+  assert prereg.arm_seeds("pass_at_k") == (0, 1, 2, 3)
+  assert prereg.arm_seeds("mean") == (3, 0, 1)
+  primary, secondary = prereg.statements
+  assert prereg.statement_seeds(primary) == (0, 1, 3)  # in the study's order
+  assert prereg.statement_seeds(secondary) == (3,)
 
 
 def test_a_file_that_is_not_json_is_one_line(tmp_path):

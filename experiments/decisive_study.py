@@ -1,0 +1,756 @@
+"""The decisive real-model study: pass@k against mean training on SmolLM2-135M-Instruct at
+matched steps, pre-registered and powered to see a held-out pass@4 difference of 0.06 (#31).
+
+    python experiments/decisive_study.py [--out=DIR] [--runs_dir=DIR] [--seeds=0,1,...]
+                                         [--arms=mean,pass_at_k,...] [--partial | --status]
+                                         [--quick]
+
+The design is the pre-registration's (`experiments/preregistration/smollm2_decisive.json`,
+committed before the first run: the study refuses to start while it is not): the arms, each with
+the objective fields it sets on `configs/smollm2_pass_at_k.py`, its seeds and its stopping rule;
+the matched step count and the checkpointed steps; the evaluations; the statements and the
+decision rule. This script carries it out and reports it; it chooses nothing itself.
+
+What it does, in order; stopped at any point (a session ends, the machine restarts), the same
+command continues where it stopped: a published run is never run again, an unfinished one
+resumes from its newest checkpoint, an evaluation already written is reused.
+  1. runs, seed by seed (every arm of seed 0 before any of seed 1, so a study stopped early has
+     whole seeds), through `experiments/real_model_study.py`'s mechanics: `python -m ksjax.main
+     --config=configs/smollm2_pass_at_k.py` with the arm's objective fields, the seed, and what
+     every run shares: every test problem held out of training (`design.test_per_level`), a
+     checkpoint every few steps kept until it is evaluated (`keep_checkpoints`), no held-out
+     evaluation by the trainer. The matched-steps arms (stop "steps") train `design.steps`
+     steps; the equal-CPU arms (stop "cpu") stop at the step that spends `design.cpu_minutes`
+     of training CPU time (`config.max_cpu_minutes`, as in real_model_study.py).
+  2. evaluation by the eval binary (`python -m ksjax.eval`, one sampling seed for every
+     checkpoint): "eval", every test problem with `design.eval` (pass@k and maj@k, and the KL to
+     the start on the held-out samples, `kl_reference`), at each matched-steps run's
+     `design.checkpoint_steps` (the last included) and at each equal-CPU run's last checkpoint;
+     "ladder", the large-k ladder (`design.ladder`: more samples on the first problems of each
+     level) at each matched-steps run's last checkpoint. The start policy is evaluated once with
+     both, with the study's first run (every run starts from the same GGUF weights).
+     Then the run is published to `<out>/<run>/`: its step log, config, training attempts (the
+     commit and the machine of each), evaluations (`evaluations.json`: what, commit, machine)
+     and every evaluation record with its per-problem counts (`eval/`, `ladder/`; the start's in
+     `<out>/start/`), `published.json` last. Its checkpoints but the last are deleted. Commit
+     `<out>` after each run: a session's machine goes when the session ends, and the study
+     continues on the next machine from what was committed.
+  3. report (`<out>/README.md`, `summary.json`, `provenance.json`, the figures), from the
+     published runs alone: every registered statement judged as registered
+     (`ksjax.evaluation.preregistration`: paired t over seeds, two-sided, Holm across the primary
+     ones), with the seeds each used; the power the seeds give; the curves (pass@k and KL
+     against step, pass@4 against KL, the measured points only); pass@k against k at the last
+     step with intervals; the machines and commits.
+
+Pairing: the arms of a seed share its start, data order and sampling seed, and must share a
+machine (XLA:CPU's numbers and a CPU budget's steps depend on the CPU), so run a seed's arms in
+one session. A statement pairs a seed only where both of its runs trained and were evaluated on
+one and the same machine; a seed that was not is left out of that statement, and the report
+names it and why.
+
+Provenance: the study refuses to run from a tree with uncommitted changes to tracked files, or
+before the pre-registration file is committed. The report checks that the registration precedes
+the commit of every run's training attempts and evaluations (`preregistration.registration`);
+where it does not, or where the study ran other seeds or arms than registered, every statement
+is exploratory. `--partial` reports the seeds finished so far as an interim report: its numbers
+and no verdict but "interim". `--status` prints a table of the runs published so far. `--quick`
+runs the whole pipeline on the embedded task's tiny model (the test suite's smoke run); its
+report is never a verdict.
+"""
+
+# real_model_study.py's helpers (its underscored ones included) are this study's mechanics too.
+# pylint: disable=protected-access
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+
+import numpy as np  # pylint: disable=wrong-import-position
+from scipy import stats  # pylint: disable=wrong-import-position
+
+import real_model_study as rms  # pylint: disable=wrong-import-position
+from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax import machine  # pylint: disable=wrong-import-position
+from ksjax.evaluation import preregistration  # pylint: disable=wrong-import-position
+from ksjax.evaluation import results  # pylint: disable=wrong-import-position
+from ksjax.evaluation import statistics  # pylint: disable=wrong-import-position
+from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
+
+PREREGISTRATION = os.path.join("experiments", "preregistration", "smollm2_decisive.json")
+DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "decisive_study")
+STOPS = ("steps", "cpu")
+# The only trainer fields an arm sets: everything else is the base config's or the study's.
+OBJECTIVE_FIELDS = ("aggregator", "baseline")
+EVALUATIONS = ("eval", "ladder")
+# --quick: real_model_study's tiny model on the embedded task, every size scaled down.
+QUICK = {"task": "synthetic", "steps": 3, "checkpoint_steps": [1, 2, 3], "cpu_minutes": 0.002,
+         "cpu_step_ceiling": 2, "test_per_level": 2,
+         "eval": {"num_samples": 4, "ks": [1, 2, 4], "batch_prompts": 2, "seed": 0,
+                  "kl_samples": 2},
+         "ladder": {"test_per_level": 1, "num_samples": 8, "ks": [1, 2, 4, 8],
+                    "batch_prompts": 2, "seed": 0}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """What the study runs: the pre-registration's design (or --quick's sizes)."""
+  config: str                 # the trainer config, configs/<config>.py
+  task: str                   # its task's field group ("arithmetic")
+  steps: int                  # matched steps
+  checkpoint_steps: tuple[int, ...]
+  cpu_minutes: float          # the equal-CPU arms' budget
+  cpu_step_ceiling: int       # num_steps of an equal-CPU run: a ceiling no run should reach
+  test_per_level: int         # held out of training, every one of them evaluated
+  evaluation: dict            # the eval binary's settings for every test problem
+  ladder: dict                # its "test_per_level": the first problems of each level
+  arms: dict                  # name -> {"objective": {...}, "seeds": [...], "stop": ...}
+  seeds: tuple[int, ...]      # every seed, in the study's order
+  run_fields: tuple = ()      # more trainer fields for every run and evaluation (--quick)
+  quick: bool = False
+
+  @property
+  def checkpoint_every(self) -> int:
+    return self.checkpoint_steps[0]
+
+  def arm_seeds(self, arm: str) -> tuple[int, ...]:
+    return tuple(self.arms[arm].get("seeds", self.seeds))
+
+
+def load_registration(repo: str = REPO) -> preregistration.Preregistration:
+  return preregistration.load(os.path.join(repo, PREREGISTRATION))
+
+
+def design(prereg: preregistration.Preregistration, quick: bool = False) -> Design:
+  """The study's design from its registration; checks what the script relies on (a bad one is a
+  SystemExit naming the field)."""
+  raw = dict(prereg.design)
+  if quick:
+    raw.update(QUICK, config=rms.QUICK_CONFIG)
+  arms = {name: dict(arm) for name, arm in prereg.arms.items()}
+  for name, arm in arms.items():
+    fields = set(arm.get("objective", {}))
+    if not fields or fields - set(OBJECTIVE_FIELDS) or arm.get("stop") not in STOPS:
+      raise SystemExit(f"decisive_study: {PREREGISTRATION}: arm {name!r} sets {sorted(fields)} "
+                       f"with stop={arm.get('stop')!r}; expected objective fields among "
+                       f"{OBJECTIVE_FIELDS} and stop in {STOPS}")
+    if not quick and arm.get("config", f"configs/{raw['config']}.py") != (
+        f"configs/{raw['config']}.py"):
+      raise SystemExit(f"decisive_study: {PREREGISTRATION}: arm {name!r} names "
+                       f"{arm['config']}; expected every arm on configs/{raw['config']}.py")
+    arm["seeds"] = list(prereg.arm_seeds(name))
+  steps, every = int(raw["steps"]), int(raw["checkpoint_steps"][0])
+  if list(raw["checkpoint_steps"]) != list(range(every, steps + 1, every)):
+    raise SystemExit(f"decisive_study: {PREREGISTRATION}: checkpoint_steps="
+                     f"{raw['checkpoint_steps']} with steps={steps}; expected every step a "
+                     "multiple of the first, up to and including the last")
+  return Design(config=raw["config"], task=raw.get("task", "arithmetic"), steps=steps,
+                checkpoint_steps=tuple(raw["checkpoint_steps"]),
+                cpu_minutes=float(raw["cpu_minutes"]),
+                cpu_step_ceiling=int(raw["cpu_step_ceiling"]),
+                test_per_level=int(raw["test_per_level"]), evaluation=dict(raw["eval"]),
+                ladder=dict(raw["ladder"]), arms=arms, seeds=prereg.seeds,
+                run_fields=rms.QUICK_FIELDS if quick else (), quick=quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+def runs_of(d: Design, arms, seeds) -> list[tuple[str, int]]:
+  """Seed-major: every arm of a seed (that runs it) before the next seed."""
+  return [(arm, seed) for seed in seeds for arm in arms if seed in d.arm_seeds(arm)]
+
+
+def train_overrides(d: Design, arm: str, seed: int) -> tuple[str, ...]:
+  """The trainer flags of one run: the arm's objective fields, then what every run of the study
+  shares but the stopping rule (the equal-CPU arms' CPU budget and step ceiling)."""
+  cpu = d.arms[arm]["stop"] == "cpu"
+  shared = {**dict(d.run_fields), **dict(rms.QUICK_TRAIN if d.quick else ()),
+            "seed": seed, "dynamic_sampling": False,
+            "num_steps": d.cpu_step_ceiling if cpu else d.steps,
+            **({"max_cpu_minutes": d.cpu_minutes} if cpu else {}),
+            "checkpoint_every": d.checkpoint_every,
+            # Orbax also keeps the first step it saves: room for it and every checkpointed step.
+            "keep_checkpoints": len(d.checkpoint_steps) + 1,
+            f"{d.task}.test_per_level": d.test_per_level,
+            "eval.at_start": False, "eval.at_end": False}
+  return (*rms._flags(d.arms[arm]["objective"].items()),
+          *rms._flags(shared.items()))
+
+
+def eval_dir(runs_dir: str, name: str, which: str) -> str:
+  return os.path.join(runs_dir, name, which)
+
+
+def records(directory: str) -> dict[int, dict]:
+  return {r["step"]: r for r in results.load_records(directory)}
+
+
+def needed(d: Design, arm: str, last_step: int) -> dict[str, list[int]]:
+  """The checkpoints each evaluation takes of a run that ended at `last_step`."""
+  if d.arms[arm]["stop"] == "cpu":
+    return {"eval": [last_step]}
+  return {"eval": list(d.checkpoint_steps), "ladder": [last_step]}
+
+
+def eval_settings(d: Design, which: str) -> tuple[dict, tuple]:
+  """The eval binary's settings and trainer fields ("eval": every test problem and the KL to the
+  start; "ladder": the first problems of each level, no KL)."""
+  if which == "eval":
+    settings = {"kl_reference": "start", **d.evaluation}
+    held_out = d.test_per_level
+  else:
+    settings = {k: v for k, v in d.ladder.items() if k != "test_per_level"}
+    held_out = d.ladder["test_per_level"]
+  fields = {**dict(d.run_fields), f"{d.task}.test_per_level": held_out}
+  return {**settings, "breakdown": ("level",)}, tuple(fields.items())
+
+
+def evaluate(d: Design, runs_dir: str, name: str, which: str, steps: list[int], *,
+             include_start: bool) -> None:
+  """The eval binary on run `name`'s checkpoints `steps` (and its start, as step 0). Each call is
+  first appended to `<run>/evaluations.json` (what, the commit, the machine), so that every
+  record the binary writes, even in a call that then fails, was made by a listed one."""
+  settings, fields = eval_settings(d, which)
+  command = rms.eval_command(os.path.join(runs_dir, name), eval_dir(runs_dir, name, which),
+                             config=d.config, settings=settings,
+                             steps=",".join(map(str, steps)), include_start=include_start,
+                             run_fields=fields)
+  path = os.path.join(runs_dir, name, "evaluations.json")
+  done = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
+  files.write_json(path, done + [{"what": which, "steps": steps, "start": include_start,
+                                  "commit": rms.real_model()._commit(),
+                                  "machine": machine.describe()}])
+  print(" ".join(command[1:]), flush=True)
+  subprocess.run(command, cwd=REPO, check=True)
+
+
+def start_path(out: str, which: str) -> str:
+  """The start policy's record (step 0) of one evaluation, published with the run that made it."""
+  return os.path.join(out, "start", f"{which}.json")
+
+
+def published(out: str, name: str) -> bool:
+  """Whether run `name` is in `out` (`published.json` is written last: a publication cut short
+  is not taken for one)."""
+  return os.path.isfile(os.path.join(out, name, "published.json"))
+
+
+def _machines(attempts, evaluations) -> list[str]:
+  return sorted({a.get("machine", "unrecorded") for a in (*attempts, *evaluations)})
+
+
+def publish(d: Design, runs_dir: str, out: str, name: str, arm: str, seed: int) -> None:
+  """Copies a finished, evaluated run's files to `<out>/<name>` (and the start's records to
+  `<out>/start/` once), naming no path of this machine. The report reads nothing else."""
+  target = rms.publish_run_files(runs_dir, out, name)
+  last = rms._last_step(runs_dir, name)
+  evaluations = json.load(open(os.path.join(runs_dir, name, "evaluations.json"),
+                               encoding="utf-8"))
+  files.write_json(os.path.join(target, "evaluations.json"), evaluations)
+  for which, steps in needed(d, arm, last).items():
+    by_step = records(eval_dir(runs_dir, name, which))
+    os.makedirs(os.path.join(target, which), exist_ok=True)
+    os.makedirs(os.path.dirname(start_path(out, which)), exist_ok=True)
+    if 0 in by_step and not os.path.isfile(start_path(out, which)):
+      files.write_json(start_path(out, which),
+                       rms._relative_checkpoint(by_step[0], runs_dir))
+    for step in steps:
+      results.save_step(os.path.join(target, which),
+                        rms._relative_checkpoint(by_step[step], runs_dir))
+  attempts = json.load(open(os.path.join(runs_dir, name, "attempts.json"), encoding="utf-8"))
+  rows = metrics.read_jsonl(os.path.join(target, "metrics.jsonl"))
+  files.write_json(os.path.join(target, "published.json"), {
+      "arm": arm, "seed": seed, "stop": d.arms[arm]["stop"], "last_step": last,
+      "cpu_seconds": max(r.get("time/cpu_seconds", 0.0) for r in rows),
+      "evaluated": needed(d, arm, last), "machines": _machines(attempts, evaluations)})
+
+
+def _seed_machines(out: str, d: Design, seed: int) -> set[str]:
+  """The machines the published runs of `seed` ran on."""
+  found = set()
+  for arm in d.arms:
+    name = rms.run_name(arm, seed)
+    if published(out, name):
+      found.update(rms._published_json(out, name, "published.json")["machines"])
+  return found
+
+
+def run_study(d: Design, runs_dir: str, out: str, arms, seeds) -> None:
+  """Phases 1 and 2: each run trained (or resumed, or skipped), evaluated, published, pruned. A
+  published run is not run again, even where `runs_dir` is gone."""
+  here = machine.describe()
+  for arm, seed in runs_of(d, arms, seeds):
+    name = rms.run_name(arm, seed)
+    if published(out, name):
+      continue
+    elsewhere = _seed_machines(out, d, seed) - {here}
+    if elsewhere:
+      print(f"warning: seed {seed}'s published runs ran on {sorted(elsewhere)}, this one runs on "
+            f"{here!r}: the report leaves seed {seed} out of every statement that pairs {name} "
+            "with them", flush=True)
+    rms.real_model().run_config(name, runs_dir, config=d.config,
+                                overrides=train_overrides(d, arm, seed), held_out=False)
+    last = rms._last_step(runs_dir, name)
+    if d.arms[arm]["stop"] == "steps" and last != d.steps:
+      raise SystemExit(f"decisive_study: {name} ended at step {last}, not {d.steps}")
+    for which, steps in needed(d, arm, last).items():
+      have = records(eval_dir(runs_dir, name, which))
+      start = not os.path.isfile(start_path(out, which)) and 0 not in have
+      if start or any(step not in have for step in steps):
+        evaluate(d, runs_dir, name, which, steps, include_start=start)
+    publish(d, runs_dir, out, name, arm, seed)
+    rms.prune_checkpoints(runs_dir, name)
+
+
+def finished_seeds(d: Design, out: str, arms, seeds) -> list[int]:
+  """The seeds whose every run (of `arms` that run them) has been published."""
+  return [s for s in seeds if all(published(out, rms.run_name(a, s))
+                                  for a, _ in runs_of(d, arms, [s]))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis: pure functions of the published records
+# ---------------------------------------------------------------------------------------------
+
+def _start(out: str) -> dict[str, dict]:
+  return {which: json.load(open(start_path(out, which), encoding="utf-8"))
+          for which in EVALUATIONS if os.path.isfile(start_path(out, which))}
+
+
+def collect(d: Design, out: str, arms, seeds) -> dict:
+  """The start's values and, per published run: its curve (the start as step 0 with KL 0, then
+  each evaluated checkpoint: step, held-out KL, every metric), its values at the last step
+  (the ladder's as "ladder/<metric>"), its machines, commits, steps and CPU time."""
+  start = {which: rms._values(record) for which, record in _start(out).items()}
+  runs = {}
+  for arm, seed in runs_of(d, arms, seeds):
+    name = rms.run_name(arm, seed)
+    if not published(out, name):
+      continue
+    info = rms._published_json(out, name, "published.json")
+    kept = results.load_records(os.path.join(out, name, "eval"))
+    evaluated = [rms._values(r) for r in kept]
+    ladder = results.load_records(os.path.join(out, name, "ladder"))
+    points = [start.get("eval", {})] + evaluated
+    names = [m for m in evaluated[-1] if all(m in p for p in points) and m != "kl"]
+    final = dict(evaluated[-1])
+    if ladder:
+      final.update({f"ladder/{m}": v for m, v in rms._values(ladder[-1]).items()})
+    runs[name] = {
+        "arm": arm, "seed": seed, "stop": info["stop"], "last_step": info["last_step"],
+        "cpu_seconds": info["cpu_seconds"], "machines": info["machines"],
+        "commits": list(dict.fromkeys(
+            a["commit"] for a in rms._published_json(out, name, "attempts.json"))),
+        "eval_commits": list(dict.fromkeys(
+            e["commit"] for e in rms._published_json(out, name, "evaluations.json"))),
+        "steps": [0] + [r["step"] for r in kept],
+        "kl": [0.0] + [p["kl"] for p in evaluated],
+        "metrics": {m: [p[m] for p in points] for m in names}, "final": final}
+  return {"start": start, "runs": runs}
+
+
+def paired_seeds(data: dict, a: str, b: str, seeds) -> tuple[list[int], dict[int, str]]:
+  """The seeds on which arms a and b can be paired: both runs published, trained and evaluated
+  on one and the same machine. Returns them, and {seed: why} for those left out of a finished
+  seed's pair."""
+  used, left_out = [], {}
+  for seed in seeds:
+    runs = [data["runs"].get(rms.run_name(arm, seed)) for arm in (a, b)]
+    if None in runs:
+      continue
+    machines = sorted(set(runs[0]["machines"]) | set(runs[1]["machines"]))
+    if len(machines) == 1:
+      used.append(seed)
+    else:
+      left_out[seed] = ("its two runs ran on different machines: "
+                        + "; ".join(f"{rms.run_name(arm, seed)} on {', '.join(r['machines'])}"
+                                    for arm, r in zip((a, b), runs)))
+  return used, left_out
+
+
+def statement_values(prereg, data: dict) -> tuple[dict, dict, dict]:
+  """{id: (a's values, b's values)}, one per paired seed in the study's order; {id: the seeds
+  used}; {id: {seed: why it was left out}}.
+
+  "last": the metric at each run's last checkpoint (the matched step for the matched-steps
+  arms). "kl": the metric at the held-out KL both runs of the seed reach (the smaller of their
+  final KLs), read off each run's measured curve by interpolating between the two evaluated
+  points around it (`tradeoff.at_kl`), nothing extrapolated. A statement whose metric was not
+  evaluated (e.g. the ladder's k in a --quick run) is left out: "not measured"."""
+  at_kl = rms.tradeoff().at_kl
+  values, used, left_out = {}, {}, {}
+  for statement in prereg.statements:
+    seeds, why = paired_seeds(data, statement.a, statement.b, prereg.statement_seeds(statement))
+    run = lambda arm, seed: data["runs"][rms.run_name(arm, seed)]
+    if not seeds or any(statement.metric not in (run(arm, s)["final"] if statement.at == "last"
+                                                 else run(arm, s)["metrics"])
+                        for s in seeds for arm in (statement.a, statement.b)):
+      continue
+    if statement.at == "last":
+      pair = tuple([run(arm, s)["final"][statement.metric] for s in seeds]
+                   for arm in (statement.a, statement.b))
+    else:
+      target = {s: min(run(arm, s)["kl"][-1] for arm in (statement.a, statement.b))
+                for s in seeds}
+      pair = tuple([at_kl(run(arm, s)["kl"], run(arm, s)["metrics"][statement.metric],
+                          target[s]) for s in seeds] for arm in (statement.a, statement.b))
+    values[statement.id], used[statement.id], left_out[statement.id] = pair, seeds, why
+  return values, used, left_out
+
+
+def registration_check(commits, repo: str = REPO) -> dict:
+  """Whether the pre-registration's commit precedes each of `commits` (every run's training
+  attempts and evaluations, the first run's first): `preregistration.registration` of the first,
+  with "commits", "not_preceded" (those it does not precede, or all where it was never
+  committed) and "precedes_every_run" (True only when that list is empty and there are runs)."""
+  checks = {c: preregistration.registration(repo, PREREGISTRATION, c) for c in commits}
+  first = (checks[commits[0]] if commits else
+           preregistration.registration(repo, PREREGISTRATION, None))
+  late = [c for c, info in checks.items() if info["precedes"] is not True]
+  return {**first, "commits": list(commits), "not_preceded": late,
+          "precedes_every_run": bool(commits) and not late}
+
+
+def judged(prereg, data: dict, commits, *, departures, interim: bool, repo: str = REPO) -> dict:
+  """The statements' rows (`preregistration.judge`, with the seeds each used and left out). Every
+  statement is exploratory where the registration does not precede every run or the study
+  departs from it; in an interim report the verdict is "interim" whatever the numbers."""
+  values, used, left_out = statement_values(prereg, data)
+  order = registration_check(commits, repo)
+  registered = order["precedes_every_run"] and not departures
+  rows = preregistration.judge(prereg, values, registered=registered)
+  for row in rows:
+    row["seeds_used"] = used.get(row["id"], [])
+    row["seeds_left_out"] = {str(s): why for s, why in left_out.get(row["id"], {}).items()}
+    if interim and "difference" in row:
+      row["verdict"] = "interim"
+  return {"rows": rows, "registration": order, "registered": registered,
+          "departures": list(departures)}
+
+
+def _mean_interval(values) -> tuple[float, float, float]:
+  """Mean over seeds and its 95% Student-t interval (nan with one seed)."""
+  values = np.asarray(values, float)
+  mean = float(values.mean())
+  if len(values) < 2:
+    return mean, float("nan"), float("nan")
+  half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+  return mean, mean - half, mean + half
+
+
+def by_arm(data: dict, arms) -> dict[str, list[dict]]:
+  """Each arm's published runs, in seed order."""
+  return {arm: [r for r in data["runs"].values() if r["arm"] == arm] for arm in arms}
+
+
+def pass_at_k_table(data: dict, arms, ks, prefix: str = "") -> tuple[str, dict]:
+  """Markdown: pass@k at the last step per arm, mean over seeds [95% interval]; and the numbers."""
+  runs = {a: r for a, r in by_arm(data, arms).items()
+          if r and all(f"{prefix}pass@{k}" in x["final"] for x in r for k in ks)}
+  lines = ["| arm | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+           "|" + "---|" * (len(ks) + 2)]
+  start = data["start"].get("ladder" if prefix else "eval", {})
+  if all(f"pass@{k}" in start for k in ks):
+    lines.append("| start | — | " + " | ".join(f"{start[f'pass@{k}']:.3f}" for k in ks) + " |")
+  numbers = {}
+  cell = lambda m, lo, hi, sign="": (f"{m:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
+                                     if np.isfinite(lo) else f"{m:{sign}.3f}")
+  for arm, rs in runs.items():
+    numbers[arm] = {k: _mean_interval([r["final"][f"{prefix}pass@{k}"] for r in rs]) for k in ks}
+    lines.append(f"| {arm} | {len(rs)} | "
+                 + " | ".join(cell(*v) for v in numbers[arm].values()) + " |")
+  if {"pass_at_k", "mean"} <= set(runs):  # the primary pair's difference, paired by seed
+    seeds, _ = paired_seeds(data, "pass_at_k", "mean", [r["seed"] for r in runs["mean"]])
+    value = lambda arm, k: [data["runs"][rms.run_name(arm, s)]["final"][f"{prefix}pass@{k}"]
+                            for s in seeds]
+    diffs = [statistics.paired(value("pass_at_k", k), value("mean", k)) for k in ks]
+    if seeds:
+      lines.append(f"| pass_at_k − mean, paired | {len(seeds)} | " + " | ".join(
+          cell(c.difference, c.ci_low, c.ci_high, "+") for c in diffs) + " |")
+  return "\n".join(lines), numbers
+
+
+def curve_table(data: dict, arms) -> str:
+  """Markdown: each matched-steps arm's mean over seeds at every evaluated step."""
+  lines = ["| arm | step | seeds | pass@1 | pass@4 | maj@4 | KL (k3) |",
+           "|---|---|---|---|---|---|---|"]
+  for arm, rs in by_arm(data, arms).items():
+    if not rs or rs[0]["stop"] != "steps":
+      continue
+    for i, step in enumerate(rs[0]["steps"]):
+      at = lambda m: np.mean([r["metrics"][m][i] if m != "kl" else r["kl"][i] for r in rs])
+      lines.append(f"| {arm} | {step} | {len(rs)} | {at('pass@1'):.3f} | {at('pass@4'):.3f} | "
+                   f"{at('maj@4'):.3f} | {at('kl'):.3f} |")
+  return "\n".join(lines)
+
+
+def figures(data: dict, arms, d: Design, out: str) -> None:
+  """metrics_vs_step.png (pass@1, pass@4, KL: seed means, the band min-max over seeds),
+  pass4_vs_kl.png (every run's measured points, thin, and the seed mean), pass_at_k_vs_k.png
+  (the last step, with 95% intervals over seeds; the ladder on its subset beside)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from ksjax.evaluation import plots  # pylint: disable=g-import-not-at-top
+  groups = {a: rs for a, rs in by_arm(data, arms).items() if rs}
+  color = {a: f"C{i}" for i, a in enumerate(groups)}
+  curves = {a: rs for a, rs in groups.items() if rs[0]["stop"] == "steps"}
+  fig = Figure(figsize=(10.5, 3.2))
+  for ax, metric in zip(fig.subplots(1, 3), ("pass@1", "pass@4", "kl")):
+    for arm, rs in curves.items():
+      y = np.asarray([r["kl"] if metric == "kl" else r["metrics"][metric] for r in rs])
+      plots.metric_vs_step(ax, rs[0]["steps"], y.mean(0), arm, metric=metric, color=color[arm])
+      ax.fill_between(rs[0]["steps"], y.min(0), y.max(0), color=color[arm], alpha=0.12)
+  fig.axes[0].legend(fontsize="x-small")
+  fig.tight_layout()
+  plots.save(fig, os.path.join(out, "metrics_vs_step.png"))
+  fig = Figure(figsize=(5.5, 3.8))
+  ax = fig.subplots()
+  for arm, rs in curves.items():
+    for r in rs:
+      ax.plot(r["kl"], r["metrics"]["pass@4"], color=color[arm], alpha=0.25, linewidth=0.8)
+    plots.metric_vs_kl(ax, np.mean([r["kl"] for r in rs], 0),
+                       np.mean([r["metrics"]["pass@4"] for r in rs], 0), arm,
+                       metric="held-out pass@4", color=color[arm])
+  ax.legend(fontsize="x-small")
+  fig.tight_layout()
+  plots.save(fig, os.path.join(out, "pass4_vs_kl.png"))
+  fig = Figure(figsize=(10, 3.8))
+  for ax, prefix, which in zip(fig.subplots(1, 2), ("", "ladder/"), EVALUATIONS):
+    ks = d.evaluation["ks"] if which == "eval" else d.ladder["ks"]
+    _, numbers = pass_at_k_table(data, groups, ks, prefix)
+    for arm, by_k in numbers.items():
+      m, lo, hi = (np.asarray(v) for v in zip(*by_k.values()))
+      plots.pass_at_k_curve(ax, ks, m, arm, color=color[arm])
+      if np.all(np.isfinite(lo)):
+        ax.errorbar(ks, m, yerr=[m - lo, hi - m], color=color[arm], capsize=2, linestyle="none")
+    start = data["start"].get(which, {})
+    if all(f"pass@{k}" in start for k in ks):
+      plots.pass_at_k_curve(ax, ks, [start[f"pass@{k}"] for k in ks], "start", color="black",
+                            linestyle="--")
+    ax.set_title("every test problem" if which == "eval" else "the ladder's subset",
+                 fontsize="medium")
+    ax.set_ylabel("pass@k at the last step")
+  fig.axes[0].legend(fontsize="x-small")
+  fig.tight_layout()
+  plots.save(fig, os.path.join(out, "pass_at_k_vs_k.png"))
+
+
+def power(prereg, rows) -> dict:
+  """The registered plan's reach (the pilot's sd, the registered seeds) and the observed: the
+  paired test's minimum detectable effect at the observed between-seed sd of P1's differences."""
+  plan = dict(prereg.raw.get("power", {}))
+  first = next((r for r in rows if r["id"] == prereg.primary[0].id and "differences" in r), None)
+  if first is None or len(first["differences"]) < 2:
+    return {"plan": plan}
+  sd = float(np.std(first["differences"], ddof=1))
+  n = len(first["differences"])
+  return {"plan": plan, "statement": first["id"], "seeds": n, "sd_of_differences": sd,
+          "minimum_detectable_effect": statistics.minimum_detectable_effect(sd, n)
+                                       if sd > 0 else 0.0}
+
+
+def _short(commits) -> str:
+  return ", ".join(f"`{c[:7]}`" for c in commits) or "none recorded"
+
+
+def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departures,
+           repo: str = REPO) -> dict:
+  """`<out>/README.md`, `summary.json`, `provenance.json` and the figures from the published
+  runs of `seeds`; returns the summary."""
+  data = collect(d, out, arms, seeds)
+  names = [rms.run_name(a, s) for a, s in runs_of(d, arms, seeds) if rms.run_name(a, s)
+           in data["runs"]]
+  commits = list(dict.fromkeys(c for n in names for c in (*data["runs"][n]["commits"],
+                                                          *data["runs"][n]["eval_commits"])))
+  verdicts = judged(prereg, data, commits, departures=departures, interim=interim, repo=repo)
+  reach = power(prereg, verdicts["rows"])
+  order = verdicts["registration"]
+  start_evals = [e for n in names for e in rms._published_json(out, n, "evaluations.json")
+                 if e["start"]]
+  provenance = {"runs": {n: {"attempts": rms._published_json(out, n, "attempts.json"),
+                             "evaluations": rms._published_json(out, n, "evaluations.json")}
+                         for n in names}}
+  os.makedirs(out, exist_ok=True)
+  files.write_json(os.path.join(out, "provenance.json"), provenance)
+  summary = {"study": prereg.study, "interim": interim, "quick": d.quick,
+             "seeds": list(seeds), "arms": list(arms), "design": dataclasses.asdict(d),
+             "registration": order, "registered": verdicts["registered"],
+             "departures": verdicts["departures"], "statements": verdicts["rows"],
+             "power": reach, "start": data["start"], "runs": data["runs"]}
+  files.write_json(os.path.join(out, "summary.json"), summary)
+  figures(data, arms, d, out)
+  eval_table, _ = pass_at_k_table(data, arms, d.evaluation["ks"])
+  ladder_table, _ = pass_at_k_table(data, arms, d.ladder["ks"], "ladder/")
+  per_seed = {s: sorted({m for n in names if data["runs"][n]["seed"] == s
+                         for m in data["runs"][n]["machines"]}) for s in seeds}
+  flags = (" --quick" if d.quick else "") + (" --partial" if interim else "")
+  objectives = "; ".join(f"{a}: " + ", ".join(f"{k}={v}" for k, v in d.arms[a]["objective"].items())
+                         for a in arms)
+  lines = [
+      "# The decisive real-model study: pass@k against mean training on SmolLM2-135M-Instruct",
+      "",
+      f"Produced by `python experiments/decisive_study.py{flags}` from the published runs in "
+      "this directory (regenerate with the same command: it trains nothing when every run is "
+      f"published). Pre-registration: `{PREREGISTRATION}`.", ""]
+  if interim:
+    done = len(names)
+    lines += [f"**INTERIM REPORT** ({done} of {len(runs_of(d, arms, d.seeds))} runs, seeds "
+              f"{', '.join(map(str, seeds))} finished): the numbers so far, and no verdict on "
+              "any statement (each reads \"interim\"). The study's verdicts come only from the "
+              "report of every registered run.", ""]
+  if d.quick:
+    lines += ["**Smoke run (--quick)**: the tiny model on the embedded task, not the registered "
+              "study; no statement is judged as registered.", ""]
+  lines += [
+      "## Registration", "",
+      preregistration.registration_line(order), "",
+      f"Commits of every run's training attempts and evaluations ({len(commits)}): "
+      f"{_short(commits)}. "
+      + ("The registration precedes each of them." if order["precedes_every_run"] else
+         "The registration does NOT precede "
+         + (_short(order["not_preceded"]) if order["registered_at"] else "any of them")
+         + ": every statement is exploratory."), ""]
+  if verdicts["departures"]:
+    lines += ["Departures from the registration (every statement is exploratory): "
+              + "; ".join(verdicts["departures"]) + ".", ""]
+  lines += [
+      "## Setup", "",
+      f"`configs/{d.config}.py`, every arm setting only its objective ({objectives}). "
+      f"Matched-steps arms: {d.steps} steps, evaluated at steps "
+      f"{', '.join(map(str, d.checkpoint_steps))}; equal-CPU arms: "
+      f"{d.cpu_minutes:g} CPU-minutes of training, evaluated at their last step. Held out: "
+      f"{d.test_per_level} test problems per level (none trained on), each with "
+      f"{d.evaluation['num_samples']} samples at temperature 1 (pass@k for k = "
+      f"{', '.join(map(str, d.evaluation['ks']))}; KL(policy || start), k3 per completion, on "
+      f"{d.evaluation['kl_samples']} samples per problem); the ladder: the first "
+      f"{d.ladder['test_per_level']} of each level with {d.ladder['num_samples']} samples, at "
+      "the last step and the start. One sampling seed for every evaluation.", "",
+      "## Statements", "",
+      ("Judged as registered: paired t-test over seeds, two-sided, Holm across the primary "
+       f"statements, alpha {prereg.alpha:g}." if verdicts["registered"] and not interim else
+       "Interim: numbers only, no verdict." if interim else
+       "**Exploratory**: not judged as registered (see above)."), "",
+      preregistration.table(verdicts["rows"]), "",
+      "Seeds per statement (a seed is paired only where both runs trained and were evaluated "
+      "on one machine):", "",
+      "| id | seeds used | left out |", "|---|---|---|"]
+  for row in verdicts["rows"]:
+    left = "; ".join(f"seed {s}: {why}" for s, why in row["seeds_left_out"].items())
+    lines.append(f"| {row['id']} | {', '.join(map(str, row['seeds_used'])) or '—'} | "
+                 f"{left or '—'} |")
+  lines.append("")
+  plan, budget = reach["plan"], prereg.raw.get("budget", {})
+  if plan:
+    lines += ["## Power and budget", "", "Registered: " + " ".join(
+        str(plan[k]) for k in ("pilot", "minimum_detectable_effect", "held_out") if k in plan),
+              ""]
+  if budget.get("cpu_hours"):
+    lines += [f"Registered budget: about {budget['cpu_hours']} CPU-hours ({budget['basis']}).",
+              ""]
+  if "sd_of_differences" in reach:
+    lines += [f"Observed: the between-seed sd of {reach['statement']}'s differences is "
+              f"{reach['sd_of_differences']:.4f}; with {reach['seeds']} seeds the paired test "
+              f"detects {reach['minimum_detectable_effect']:.4f} with 80% power at alpha 0.05 "
+              "(`statistics.minimum_detectable_effect`).", ""]
+  lines += [
+      "## pass@k against k at the last step (mean over seeds [95% t-interval])", "",
+      f"Every test problem ({d.evaluation['num_samples']} samples each):", "", eval_table, "",
+      f"The ladder's subset ({d.ladder['num_samples']} samples each):", "", ladder_table, "",
+      "## Curves (mean over seeds at each evaluated step; held-out KL)", "",
+      curve_table(data, arms), "",
+      "Figures: `metrics_vs_step.png` (pass@1, pass@4, KL against step), `pass4_vs_kl.png` "
+      "(pass@4 against KL: the measured points of every run, nothing between them), "
+      "`pass_at_k_vs_k.png`.", "",
+      "## Machines and commits", "",
+      "| run | steps | CPU-min | machines | trained at | evaluated at |",
+      "|---|---|---|---|---|---|"]
+  for n in names:
+    r = data["runs"][n]
+    lines.append(f"| {n} | {r['last_step']} | {r['cpu_seconds'] / 60:.1f} | "
+                 f"{'; '.join(r['machines'])} | {_short(r['commits'])} | "
+                 f"{_short(r['eval_commits'])} |")
+  lines += ["", "Per seed: " + "; ".join(f"seed {s}: {', '.join(m) or '—'}"
+                                         for s, m in per_seed.items()) + ".",
+            "The start's evaluations (once, with the study's first run): " + "; ".join(
+                f"{e['what']} at `{e['commit'][:7]}` on {e['machine']}" for e in start_evals)
+            + ".", "",
+            "Every number: `summary.json`; per run: its step log, config, attempts, evaluations "
+            "and every evaluation record with per-problem counts in `<run>/`."]
+  files.write_text(os.path.join(out, "README.md"), "\n".join(lines) + "\n")
+  print(f"wrote {out}", flush=True)
+  return summary
+
+
+def status(d: Design, out: str, arms, seeds) -> str:
+  """A markdown table of the runs published so far (in study order), the start's first."""
+  lines = ["| run | steps | CPU-min | pass@1 | pass@4 | maj@4 | KL | machines |",
+           "|---|---|---|---|---|---|---|---|"]
+  start = _start(out).get("eval")
+  if start:
+    m = start["metrics"]
+    lines.append(f"| start | 0 | 0 | {m['pass@1']:.3f} | {m['pass@4']:.3f} | {m['maj@4']:.3f} "
+                 "| 0 | |")
+  data = collect(d, out, arms, seeds)
+  for name, r in data["runs"].items():
+    f = r["final"]
+    lines.append(f"| {name} | {r['last_step']} | {r['cpu_seconds'] / 60:.1f} | "
+                 f"{f['pass@1']:.3f} | {f['pass@4']:.3f} | {f['maj@4']:.3f} | {f['kl']:.2f} | "
+                 f"{'; '.join(r['machines'])} |")
+  return "\n".join(lines)
+
+
+def main():
+  args = rms.study_arguments(  # seeds and arms: the registered ones unless given
+      __doc__, out=DEFAULT_OUT, runs="decisive_study", seeds=None, group="arms", groups=None,
+      partial="an interim report of the seeds finished so far; runs nothing")
+  prereg = load_registration()
+  d = design(prereg, args.quick)
+  arms = args.arms.split(",") if args.arms else list(d.arms)
+  try:
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(d.seeds)
+  except ValueError:
+    seeds = None
+  if not seeds or set(arms) - set(d.arms) or set(seeds) - set(d.seeds):
+    raise SystemExit(f"decisive_study: --arms={args.arms!r} --seeds={args.seeds!r} are not "
+                     f"accepted; expected arms among {', '.join(d.arms)} and seeds among "
+                     f"{', '.join(map(str, d.seeds))}")
+  departures = [f"{what} {', '.join(map(str, given))} of {', '.join(map(str, every))}"
+                for what, given, every in (("arms", arms, list(d.arms)),
+                                           ("seeds", seeds, list(d.seeds)))
+                if set(given) != set(every)] + (["--quick: the tiny model"] if args.quick else [])
+  runs_dir, out = os.path.abspath(args.runs_dir), os.path.abspath(args.out)
+  if args.status:
+    print(status(d, out, arms, seeds))
+    return
+  if args.partial:
+    done = finished_seeds(d, out, arms, seeds)
+    if not done:
+      raise SystemExit("decisive_study: no seed has finished every arm yet; nothing to report")
+    report(d, prereg, out, arms, done, interim=True, departures=departures)
+    return
+  todo = [r for r in runs_of(d, arms, seeds) if not published(out, rms.run_name(*r))]
+  if todo and not args.quick:
+    if rms.real_model()._dirty():
+      raise SystemExit("decisive_study: the tree has uncommitted changes to tracked files; "
+                       "commit them first (the results must name the commit they ran at)")
+    head = rms.real_model()._commit()
+    if preregistration.registration(REPO, PREREGISTRATION, head)["precedes"] is not True:
+      raise SystemExit(f"decisive_study: {PREREGISTRATION} is not committed as it stands at "
+                       "HEAD; commit the registration before the first run")
+  started = time.time()
+  run_study(d, runs_dir, out, arms, seeds)
+  report(d, prereg, out, arms, seeds, interim=False, departures=departures)
+  print(f"study done ({(time.time() - started) / 60:.1f} min in this invocation)", flush=True)
+
+
+if __name__ == "__main__":
+  main()
