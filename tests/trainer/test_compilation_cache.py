@@ -41,6 +41,14 @@ def _train(workdir, env, **overrides) -> dict[str, float]:
   return _compiled(result.stdout)
 
 
+def _compiles_at_most_a_tenth(run, first) -> None:
+  """A run compiles at most a tenth of the first run's seconds. A program read from the cache is
+  not compiled: where every one was a hit, the seconds left are reads, which a loaded machine
+  stretches (2.1 s against 17.6 s seen under a load average of 8 on 2 cores), so they are not
+  held to the tenth."""
+  assert run["hits"] == run["count"] or run["seconds"] <= 0.1 * first["seconds"], (first, run)
+
+
 def test_a_second_run_and_a_resumed_run_read_their_programs_from_the_cache(tmp_path):
   cache = tmp_path / "cache"
   env = {**test_run._env(), compilation_cache.ENV: str(cache)}
@@ -50,14 +58,15 @@ def test_a_second_run_and_a_resumed_run_read_their_programs_from_the_cache(tmp_p
 
   second = _train(tmp_path / "second", env, num_steps=2)
   assert second["programs"] == first["programs"] and second["hits"] > 0
-  assert second["seconds"] <= 0.1 * first["seconds"], (first, second)
+  _compiles_at_most_a_tenth(second, first)
   lines = metrics.read_jsonl(RunDirectory(str(tmp_path / "second")).metrics_jsonl)
   assert lines[0]["compile/cache_hits"] > 0
 
   # The second run, stopped at its checkpoint of step 2, resumed for one more step: its
   # restore's programs are new, the rest come from the cache.
   resumed = _train(tmp_path / "second", env, num_steps=3, resume=True)
-  assert resumed["seconds"] <= 0.1 * first["seconds"], (first, resumed)
+  assert resumed["hits"] > 0
+  _compiles_at_most_a_tenth(resumed, first)
   lines = metrics.read_jsonl(RunDirectory(str(tmp_path / "second")).metrics_jsonl)
   assert [line["step"] for line in lines] == [1, 2, 3]
 
@@ -84,6 +93,10 @@ def _probe(tmp_path, value=None, **extra):
 
 def test_the_cache_is_on_by_default_in_the_users_cache_directory_and_off_writes_nothing(tmp_path):
   default = tmp_path / "xdg" / "ksjax" / "jax"
+  default = default / os.path.basename(compilation_cache.default_dir(
+      {"XDG_CACHE_HOME": str(tmp_path / "xdg")}))  # one directory per CPU kind
+  assert os.path.dirname(compilation_cache.default_dir({"XDG_CACHE_HOME": "/x"})) == (
+      "/x/ksjax/jax")
   result = _probe(tmp_path)
   assert result.returncode == 0 and result.stderr == "", result.stderr
   assert result.stdout.split() == ["True", str(default)]
