@@ -10,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from ksjax import compilation_cache
 from ksjax.run import config as run_config
@@ -49,6 +50,7 @@ def _compiles_at_most_a_tenth(run, first) -> None:
   assert run["hits"] == run["count"] or run["seconds"] <= 0.1 * first["seconds"], (first, run)
 
 
+@pytest.mark.slow  # three trainer runs in subprocesses; `python -m pytest -m slow`
 def test_a_second_run_and_a_resumed_run_read_their_programs_from_the_cache(tmp_path):
   cache = tmp_path / "cache"
   env = {**test_run._env(), compilation_cache.ENV: str(cache)}
