@@ -560,10 +560,12 @@ def _records(directory: str) -> list[dict]:
 def table(study, data: Mapping[str, Any]) -> str:
   """Markdown: pass@1/10/100 and maj@k per variant, mean +- std over seeds, last checkpoint."""
   ks = list(study.eval.ks)
-  shown = sorted({x for x in (1, study.k, 10, 100) if x in ks}) or ks
+  shown = sorted({x for x in (1, study.k, 10, 100, max(ks)) if x in ks}) or ks
   hard = f"level{study.levels[-1]}"
   cols = [f"pass@{x}" for x in shown] + [f"maj@{study.k}"]
-  cols += list(dict.fromkeys([f"{hard}/pass@1", f"{hard}/pass@{min(10, max(ks))}"])) + ["kl"]
+  # The hard level at pass@1 and at the largest evaluated k up to 10 (a k the records have).
+  cols += list(dict.fromkeys([f"{hard}/pass@1", f"{hard}/pass@{max(x for x in ks if x <= 10)}"]))
+  cols += ["kl"]
   head = "| method | variant | " + " | ".join(cols) + " |"
   lines = [head, "|" + "---|" * (len(cols) + 2)]
   start = data["curves"][next(iter(data["curves"]))][0]
@@ -588,7 +590,7 @@ def figures(study, data: Mapping[str, Any]) -> list[str]:
   from ksjax.evaluation import plots  # pylint: disable=g-import-not-at-top
 
   ks = list(study.eval.ks)
-  shown = [f"pass@{x}" for x in (1, 10, 100) if x in ks] + [f"maj@{study.k}"]
+  shown = [f"pass@{x}" for x in sorted({1, study.k, max(ks)}) if x in ks] + [f"maj@{study.k}"]
   colors = dict(zip(study.variants, [f"C{i}" for i in range(len(study.variants))]))
   paths = []
   for name, draw in (("metrics_vs_step.png", plots.metric_vs_step),
