@@ -55,6 +55,7 @@ def _assert_first_line_is_ksjax(lines, first):
   assert not any(ABSL_INFO.match(line) for line in lines), "\n".join(lines)
 
 
+@pytest.mark.slow  # a whole trainer run (about 25 s); the plan test below checks the same boundary
 def test_a_trainer_run_opens_with_its_own_line_and_a_resume_of_nothing_says_fresh_once(tmp_path):
   workdir = tmp_path / "run"
   lines = _run(test_run._main(str(workdir), num_steps=1, resume=True), _env())
