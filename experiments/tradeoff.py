@@ -264,11 +264,8 @@ def _write_json(path: str, data: Any) -> None:
 
 def _git(*args: str) -> str | None:
   """The output of `git <args>` in the repository; None where git or the repository is missing."""
-  try:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                          check=True, timeout=30).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return None
+  from ksjax.evaluation import preregistration  # pylint: disable=g-import-not-at-top
+  return preregistration.git(REPO, *args)
 
 
 def _record_provenance(study) -> None:

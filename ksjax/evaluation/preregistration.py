@@ -232,7 +232,9 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 # When it was registered
 # ---------------------------------------------------------------------------------------------
 
-def _git(repo: str, *args: str) -> str | None:
+def git(repo: str, *args: str) -> str | None:
+  """The output of `git <args>` in `repo`; None where git or the repository is missing, or git
+  says no (a non-zero exit, as `merge-base --is-ancestor` answers)."""
   try:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
                           timeout=30).stdout.strip()
@@ -250,16 +252,14 @@ def registration(repo: str, path: str, first_run_commit: str | None) -> dict[str
   the runs read the file as it was registered; False when not; None when it cannot be told
   (no git, no commit)}.
   """
-  log = _git(repo, "log", "--format=%H", "--", path)
+  log = git(repo, "log", "--format=%H", "--", path)
   commits = log.split() if log else []
   out = {"registered_at": commits[-1] if commits else None, "changed_at": commits[-2::-1],
          "first_run_commit": first_run_commit, "precedes": None}
   if not commits or not first_run_commit:
     return out
-  ancestor = lambda c: subprocess.run(
-      ["git", "merge-base", "--is-ancestor", c, first_run_commit], cwd=repo,
-      capture_output=True, check=False).returncode == 0
-  out["precedes"] = all(ancestor(c) for c in commits)
+  out["precedes"] = all(git(repo, "merge-base", "--is-ancestor", c, first_run_commit) is not None
+                        for c in commits)
   return out
 
 
