@@ -42,6 +42,12 @@ TEST_REQUIRES = [
     "ipykernel>=6.29",
 ]
 
+# The reasoning_gym task's generators and verifiers (ksjax/tasks/reasoning_gym.py), pinned: the
+# task's verifier review (which datasets run answers as code) and its calibration are of this
+# version. In the test extra too, so that the task's tests run in CI instead of skipping.
+GYM_REQUIRES = ["reasoning-gym==0.1.25"]
+TEST_REQUIRES += GYM_REQUIRES
+
 setup(
     name="ksjax",
     version="0.1.0",
@@ -50,5 +56,5 @@ setup(
     packages=find_packages(include=["ksjax", "ksjax.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "gym": GYM_REQUIRES},
 )

@@ -20,21 +20,20 @@ from ksjax.config_validation import ConfigError
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to an ml_collections config file (configs/*.py).", lock_config=True)
 
-# task name -> "module:function"; the function takes the config and runs the job.
-# Imported lazily so that a bandit run does not import the language-model stack.
-RUNNERS = {
-    "bandit": "ksjax.bandit:run",
-    # The language-model trainer (ksjax.tasks.registry.TASKS).
-    **{task: "ksjax.trainer:run" for task in ("synthetic", "arithmetic", "math", "math500",
-                                               "harp", "code_contests", "taco")},
-}
+# task name -> "module:function"; the function takes the config and runs the job. Imported
+# lazily (the task registry too: it imports jax, which must load after `allocator`'s re-execution)
+# so that a bandit run does not import the language-model stack.
+BANDIT = "bandit"
+RUNNERS = {BANDIT: "ksjax.bandit:run", "trainer": "ksjax.trainer:run"}
 
 
 def runner_for(task: str):
-  if task not in RUNNERS:
+  """The job of `config.task`: the bandit, or the trainer for every task of the registry."""
+  from ksjax.tasks import registry  # pylint: disable=g-import-not-at-top
+  if task != BANDIT and task not in registry.TASKS:
     raise ConfigError(f"config.task={task!r} is not accepted; expected one of "
-                      f"{', '.join(map(repr, sorted(RUNNERS)))}")
-  module, fn = RUNNERS[task].split(":")
+                      f"{', '.join(map(repr, sorted((BANDIT,) + registry.TASKS)))}")
+  module, fn = RUNNERS[BANDIT if task == BANDIT else "trainer"].split(":")
   return getattr(importlib.import_module(module), fn)
 
 

@@ -47,6 +47,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.arithmetic.levels = (1, 2, 3, 4)
   c.arithmetic.train_per_level = 500
   c.arithmetic.test_per_level = 40
+  # reasoning-gym's generators for instruct models (tasks.reasoning_gym; pip install -e ".[gym]").
+  # A level is a dataset: its name is the per-level breakdown's key.
+  c.reasoning_gym = ml_collections.ConfigDict()
+  c.reasoning_gym.datasets = "chain_sum"  # a dataset, or a weighted mix "chain_sum:2,dice:1"
+  # {dataset: {option: value}} for each dataset's reasoning-gym config (not seed or size); None:
+  # the defaults. A config file sets it to a dict; --config.reasoning_gym.options.<d>.<o>= then
+  # overrides the options it names.
+  c.reasoning_gym.options = None
+  c.reasoning_gym.seed = 0  # fixes the train and test problems (independent of the run's seed)
+  c.reasoning_gym.train_per_level = 500  # training problems of a dataset of weight 1
+  c.reasoning_gym.test_per_level = 32  # test problems of each dataset
   c.data = ml_collections.ConfigDict()  # dataset tasks: built by `python -m ksjax.tasks.data`
   c.data.data_dir = config_dict.placeholder(str)
   c.data.train_split = "train"

@@ -42,6 +42,7 @@ from ksjax import config_validation as cv
 from ksjax.config_validation import ConfigError
 from ksjax.model import config as model_config
 from ksjax.run import config as run_config
+from ksjax.tasks import reasoning_gym as gym_task
 from ksjax.tasks import registry
 
 ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
@@ -120,6 +121,11 @@ class TaskSpec(_Spec):
   arithmetic_levels: tuple[int, ...] = (1, 2, 3, 4)
   arithmetic_train_per_level: int = 500
   arithmetic_test_per_level: int = 40
+  reasoning_gym_datasets: str = "chain_sum"  # one dataset, or a weighted mix "a:2,b:1"
+  reasoning_gym_options: Any = ()    # frozen: ((dataset, ((option, value), ...)), ...)
+  reasoning_gym_seed: int = 0        # reasoning-gym's problems
+  reasoning_gym_train_per_level: int = 500
+  reasoning_gym_test_per_level: int = 32
   system_prompt: str | None = None   # chat tasks: the system message, if any
 
   CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",
@@ -129,6 +135,8 @@ class TaskSpec(_Spec):
                 "modulus")},
             **{f"arithmetic_{f}": f"arithmetic.{f}" for f in (
                 "seed", "levels", "train_per_level", "test_per_level")},
+            **{f"reasoning_gym_{f}": f"reasoning_gym.{f}" for f in (
+                "datasets", "options", "seed", "train_per_level", "test_per_level")},
             **{f"tokenizer_{f}": f"tokenizer.{f}" for f in ("path", "bos", "eos", "pad")}}
 
   def __post_init__(self):
@@ -166,12 +174,20 @@ class TaskSpec(_Spec):
                         f"expected distinct levels among 1..{ARITHMETIC_LEVELS}")
     cv.integer(c, "arithmetic.train_per_level", lo=1)
     cv.integer(c, "arithmetic.test_per_level", lo=1)
+    mix = gym_task.parse_mix(self.reasoning_gym_datasets)
+    options = gym_task.freeze_options(self.reasoning_gym_options)
+    cv.integer(c, "reasoning_gym.seed", lo=0, hi=2**32 - 1)
+    cv.integer(c, "reasoning_gym.train_per_level", lo=1)
+    cv.integer(c, "reasoning_gym.test_per_level", lo=1)
+    if self.name == "reasoning_gym":  # needs the package: only when it is the task
+      gym_task.check_datasets(mix, gym_task.thaw_options(options))
     if self.system_prompt is not None and not isinstance(self.system_prompt, str):
       raise ConfigError(f"config.chat.system_prompt={self.system_prompt!r} is not accepted; "
                         "expected a string or None")
     object.__setattr__(self, "synthetic_levels", tuple(levels))
     object.__setattr__(self, "arithmetic_levels", tuple(arithmetic_levels))
     object.__setattr__(self, "tokenizer_eos", tuple(eos))
+    object.__setattr__(self, "reasoning_gym_options", options)
 
   @property
   def is_synthetic(self) -> bool:
@@ -180,7 +196,7 @@ class TaskSpec(_Spec):
   @property
   def is_generated(self) -> bool:
     """Generated in memory (no dataset to build)."""
-    return self.name in ("synthetic", "arithmetic")
+    return self.name == "synthetic" or self.name in registry.CHAT_TASKS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import grain
 from ksjax.config_validation import ConfigError
 from ksjax.run.spec import ModelSpec, TaskSpec
 from ksjax.tasks import data, registry
+from ksjax.tasks import reasoning_gym as gym_task
 from ksjax.tasks.base import Task
 from ksjax.tasks.chat import ChatTemplate
 from ksjax.tokenization import Tokenizer
@@ -94,12 +95,19 @@ def make_task(task: TaskSpec, model: ModelSpec, eval_split: str) -> Task:
   if task.name in registry.CHAT_TASKS:
     tok = tokenizer(task, model)
     template = chat_template(task, model, tok)
+    if task.name == "reasoning_gym":
+      options = dict(datasets=task.reasoning_gym_datasets, seed=task.reasoning_gym_seed,
+                     options=gym_task.thaw_options(task.reasoning_gym_options),
+                     train_per_level=task.reasoning_gym_train_per_level,
+                     test_per_level=task.reasoning_gym_test_per_level)
+    else:
+      options = dict(seed=task.arithmetic_seed, levels=task.arithmetic_levels,
+                     train_per_level=task.arithmetic_train_per_level,
+                     test_per_level=task.arithmetic_test_per_level)
     return registry.make_task(
         task.name, tokenizer=with_end_of_turn(tok, template), chat_template=template,
-        seed=task.arithmetic_seed, levels=task.arithmetic_levels,
-        train_per_level=task.arithmetic_train_per_level,
-        test_per_level=task.arithmetic_test_per_level, reward_correct=task.correct_reward,
-        reward_wrong=task.wrong_reward, workers=task.reward_workers)
+        reward_correct=task.correct_reward, reward_wrong=task.wrong_reward,
+        workers=task.reward_workers, **options)
   if task.data_dir is None:
     raise ConfigError(f"config.data.data_dir is missing; task {task.name!r} reads a dataset "
                       "built by `python -m ksjax.tasks.data`: expected its data_dir")

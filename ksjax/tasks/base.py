@@ -72,6 +72,12 @@ class Task(abc.ABC):
     """Stops the worker processes the task started to score (none by default); safe to call
     more than once."""
 
+  def metrics(self) -> dict[str, float]:
+    """What the task measured while scoring since the last call (e.g. how answers were read),
+    logged with the step's metrics; none by default. Each process counts the completions it
+    scored."""
+    return {}
+
   def __enter__(self) -> Task:
     return self
 

@@ -1,7 +1,8 @@
 """Tasks by name: the one place that maps a config's task name to a `Task`.
 
-"synthetic" is generated in memory and brings its own character tokenizer; "arithmetic" is
-generated in memory too, for the model's tokenizer and chat template. The others read a dataset
+"synthetic" is generated in memory and brings its own character tokenizer; "arithmetic" and
+"reasoning_gym" (reasoning-gym's generators, an optional package) are generated in memory too,
+for the model's tokenizer and chat template. The others read a dataset
 built by `ksjax.tasks.data` (array_record files under `data_dir`) and tokenize with the model's
 tokenizer. Task modules are imported only when their task is asked for, so the
 embedded task does not start math-verify worker pools or load the sandbox.
@@ -20,7 +21,7 @@ from ksjax.tokenization import Tokenizer
 MATH_TASKS = ("math", "math500", "harp")
 CODE_TASKS = ("code_contests", "taco")
 # Generated in memory for an instruct model: its tokenizer and chat template come from the run.
-CHAT_TASKS = ("arithmetic",)
+CHAT_TASKS = ("arithmetic", "reasoning_gym")
 TASKS = ("synthetic",) + CHAT_TASKS + MATH_TASKS + CODE_TASKS
 
 
@@ -32,14 +33,16 @@ def make_task(name: str, *, tokenizer: Tokenizer | None = None,
   Args:
     name: one of TASKS.
     tokenizer: the model's tokenizer; required except for "synthetic" (default: its own).
-    data_dir: where `ksjax.tasks.data.build` put the dataset; required except for "synthetic"
-      and "arithmetic" (generated tasks).
+    data_dir: where `ksjax.tasks.data.build` put the dataset; required except for the generated
+      tasks ("synthetic" and CHAT_TASKS).
     splits: the splits to hold in memory for `Task.prompts` (default: every built split). Pass
       () when prompts come only from the data pipeline (`batch_iterator(load_records(...),
       transform=task.prompt_from_record)`), e.g. for CodeContests, whose tests are large.
     **options: keyword arguments of the task class (`SyntheticTask`, `ArithmeticTask`, `MathTask`,
       `CodeTask`), e.g. rewards, worker counts, the synthetic task's seed and sizes; for
       "arithmetic": chat_template, seed, levels, train_per_level, test_per_level, reward_correct,
+      reward_wrong, workers, system_prompt; for "reasoning_gym" (`ReasoningGymTask`):
+      chat_template, datasets, options, seed, train_size, test_per_dataset, reward_correct,
       reward_wrong, workers, system_prompt.
   """
   if name not in TASKS:
@@ -48,9 +51,12 @@ def make_task(name: str, *, tokenizer: Tokenizer | None = None,
   if name == "synthetic":
     from ksjax.tasks.synthetic import SyntheticTask  # pylint: disable=g-import-not-at-top
     return SyntheticTask(tokenizer=tokenizer, **options)
-  if name == "arithmetic":
+  if name in CHAT_TASKS:
     if tokenizer is None:
-      raise ValueError("task 'arithmetic' needs the model's tokenizer (and chat_template=)")
+      raise ValueError(f"task {name!r} needs the model's tokenizer (and chat_template=)")
+    if name == "reasoning_gym":
+      from ksjax.tasks.reasoning_gym import ReasoningGymTask  # pylint: disable=g-import-not-at-top
+      return ReasoningGymTask(tokenizer=tokenizer, **options)
     from ksjax.tasks.arithmetic import ArithmeticTask  # pylint: disable=g-import-not-at-top
     return ArithmeticTask(tokenizer=tokenizer, **options)
   if tokenizer is None or data_dir is None:

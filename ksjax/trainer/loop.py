@@ -220,6 +220,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       timer.lap("time/update")
       step += 1
       scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer, worker_seconds)
+      scalars.update(task.metrics())  # e.g. how the task read the step's answers
       if ahead is not None:
         scalars["async/lag"] = float(lag)
         scalars.update({f"async/{name.split('/')[-1]}_seconds": value
