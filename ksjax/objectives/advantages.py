@@ -11,6 +11,7 @@ sum_i w_i grad log pi(y_i). With A_s = f(y) - f(y_-s):
   loo_demeaned  A_i - mean_j A_j                                E[(1/k) sum_i f(y_-i)]
   leave_p_out   (1/C(k-1,p-1)) sum_{|s|=p, s has i} (A_s - mean A)
                                                                 E[(1/C(k,p)) sum_{|s|=p} f(y_-s)]
+  leave_two_out (needs n > k; below)                            E[f(y_1..y_k)]
 
 The leave-out weights equal mean_{|s|=p} f(y_-s) - mean_{|s|=p, s has i} f(y_-s): what is
 subtracted never involves y_i, which is why each estimate is unbiased for its target. The appendix
@@ -24,9 +25,10 @@ W_i = (1/C(n, k)) sum_S [w^S_i if i in S else 0], unbiased for the same target a
 estimator (each S is k i.i.d. samples). Write phi_m(i) for the mean of f over the m-subsets of the
 n samples that contain i, psi_m(i) for the mean over those that do not. Then
 
-  none:         W_i = (k/n) phi_k(i)
-  loo:          W_i = (k/n) (phi_k(i) - psi_{k-1}(i))
-  leave_p_out:  W_i = (m/n) (phi_m(i) - psi_m(i)),  m = k - p;  loo_demeaned is p = 1.
+  none:           W_i = (k/n) phi_k(i)
+  loo:            W_i = (k/n) (phi_k(i) - psi_{k-1}(i))
+  leave_p_out:    W_i = (m/n) (phi_m(i) - psi_m(i)),  m = k - p;  loo_demeaned is p = 1.
+  leave_two_out:  W_i = (k/n) (phi_k(i) - psi_k(i)),  k < n.
 
 Proof for leave_p_out (the others are alike): summed over the k-subsets S containing i, the mean of
 f over the m-subsets T of S counts each T containing i C(n-m, k-m) times and each T without i
@@ -36,6 +38,18 @@ of the two sums reduce to m/n and -m/n. Two consequences: leave_p_out depends on
 through k - p; and with p = k - 1 (target E[r], since f of one sample is its reward for every
 aggregator here) it is the mean aggregator's leave-one-out weight (r_i - rbar)/(n - 1) for every f,
 which is the appendix's "p = k - 1 gives the mean objective", exactly.
+
+leave_two_out is MaxPO's Leave-Two-Out baseline (Takashiro et al. 2026, arXiv 2606.06080), read
+from its construction: sample i's signal phi_k(i), the mean of f over the k-subsets holding i, is
+compared with the same signal of each other sample j computed in the group without i and j
+(the mean of f over the k-subsets holding j and not i), averaged over j. Each k-subset without i
+holds k such j, so that average is psi_k(i) exactly, and the weights are the leave-p-out form
+with m = k, i.e. p = 0: the target stays E[f(y_1..y_k)] itself (unbiased, as psi_k(i) never
+involves y_i), and the weights of a group sum to exactly 0 (sum_i phi_k(i) = sum_i psi_k(i) = n
+times the mean of f over all k-subsets), which leave-one-out's do not. It needs a k-subset
+without i: k < n. For the mean aggregator it is the common leave-out weight (r_i - rbar)/(n - 1).
+`tests/objectives/test_mixture.py` proves it by enumeration and against the literal two-sample
+construction. Kept apart from BASELINES (the paper's, each defined for n = k).
 
 mean and pass_at_k evaluate phi and psi in closed form (`mean.py`, `pass_at_k.py`); majority_vote
 and softmax enumerate subsets (`enumerated.py`).
@@ -73,7 +87,9 @@ AGGREGATORS = ("mean", "pass_at_k", "majority_vote", "softmax")
 BASELINES = ("none", "loo", "loo_demeaned", "leave_p_out")
 # Divided by a data-dependent standard deviation: biased, for comparison (`normalized.py`).
 NORMALIZED_BASELINES = ("normalized", "verl_grpo_passk")
-ALL_BASELINES = BASELINES + NORMALIZED_BASELINES
+# Unbiased and exactly centred within each group; needs n > k (MaxPO's Leave-Two-Out).
+CENTRED_BASELINES = ("leave_two_out",)
+ALL_BASELINES = BASELINES + CENTRED_BASELINES + NORMALIZED_BASELINES
 SCALES = ("none", "group_std")
 _ENUMERATED = ("majority_vote", "softmax")
 
@@ -158,10 +174,15 @@ def _check_normalized(aggregator: str, baseline: str, k: int, n: int, scale: str
                        "expected k = n >= 2 (verl's grpo_passk takes the whole group)")
 
 
-def _check_baseline(baseline: str, k: int, p) -> int | None:
-  """The subset size m of the leave-p-out target, or None for the other baselines."""
+def _check_baseline(baseline: str, k: int, p, n: int) -> int | None:
+  """The subset size m of the leave-p-out form (k for leave_two_out), or None for the others."""
   if baseline in NORMALIZED_BASELINES:
     return None
+  if baseline == "leave_two_out":
+    if k >= n:
+      raise ValueError(f"k={k} is not accepted with baseline='leave_two_out' and n={n}; expected "
+                       "k < n (a sample's baseline averages f over the k-subsets of the others)")
+    return k
   if baseline != "none" and k < 2:
     raise ValueError(
         f"k={k} is not accepted with baseline={baseline!r}; leave-out baselines need k >= 2")
@@ -238,10 +259,12 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
       plurality answer, ties broken uniformly at random, in expectation: the mean reward of the tied
       plurality classes), "softmax" (f = sum_i p_i r_i, p = softmax(beta * r) over the k samples).
     baseline: "none" (REINFORCE), "loo" (unbiased leave-one-out), "loo_demeaned" (the paper's biased
-      variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned); for
+      variant), "leave_p_out" (the appendix's leave-p-out; p = 1 equals loo_demeaned),
+      "leave_two_out" (MaxPO: unbiased for E[f(y_1..y_k)] and centred, k < n); for
       comparison, biased: "normalized" (Chen et al.'s normalised k-subset advantage, k < n) and
       "verl_grpo_passk" (verl's grpo_passk, pass_at_k with k = n); see `normalized.py`.
-    k: samples of the objective, 1 <= k <= n (>= 2 for leave-out baselines); None means n.
+    k: samples of the objective, 1 <= k <= n (>= 2 for loo, loo_demeaned and leave_p_out; < n
+      for leave_two_out); None means n.
     p: samples left out by "leave_p_out", 1 <= p <= k - 1; ignored by the other baselines.
     beta: inverse temperature of "softmax" (finite; 0 gives the mean, large beta approaches max).
     answer_ids: integer [G, n] answer classes, required by "majority_vote", ignored otherwise.
@@ -264,7 +287,7 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
   _choice("scale", scale, SCALES)
   n = rewards_gn.shape[-1]
   k = _check_k(k, n)
-  m = _check_baseline(baseline, k, p)
+  m = _check_baseline(baseline, k, p, n)
   if baseline in NORMALIZED_BASELINES:
     _check_normalized(aggregator, baseline, k, n, scale)
   if baseline == "verl_grpo_passk":
@@ -273,7 +296,7 @@ def k_sample_advantages(rewards, *, aggregator: str, baseline: str, k: int | Non
     if baseline == "none":
       raise ValueError("scale='group_std' is not accepted with baseline='none' (its weights are "
                        "constant within a group when k = n); expected baseline 'loo', "
-                       "'loo_demeaned' or 'leave_p_out'")
+                       "'loo_demeaned', 'leave_p_out' or 'leave_two_out'")
     _check_finite_scalar("eps", eps, positive=True)
   answer_ids_gn = None
   if aggregator == "majority_vote":

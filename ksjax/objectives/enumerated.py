@@ -70,8 +70,8 @@ def check_enumerable(aggregator: str, n: int, sizes: tuple[int, ...]) -> None:
           f"aggregator={aggregator!r} is computed exactly by enumerating the {m}-subsets of the "
           f"n={n} samples per group, and C({n}, {m}) = {count} exceeds the limit of {MAX_SUBSETS}; "
           f"accepted: k and p with C(n, m) <= {MAX_SUBSETS} for each subset size m the baseline "
-          "needs (k for 'none'; k and k-1 for 'loo'; k-p for 'loo_demeaned' (p=1) and "
-          "'leave_p_out'), e.g. k = n")
+          "needs (k for 'none' and 'leave_two_out'; k and k-1 for 'loo'; k-p for "
+          "'loo_demeaned' (p=1) and 'leave_p_out'), e.g. k = n")
 
 
 @functools.partial(jax.jit, static_argnames="m")

@@ -50,32 +50,30 @@ def _to_float64(values: list[Fraction | int]) -> np.ndarray:
   return array
 
 
-@functools.lru_cache(maxsize=256)
-def _none_coefficients(n: int, k: int) -> _Coefficients:
+# Exact (own, below, above) coefficient lists over sorted positions, before rounding.
+_Exact = tuple[list[Fraction], list[Fraction], list[Fraction]]
+
+
+def _none_exact(n: int, k: int) -> _Exact:
   """(k/n) phi_k: [C(q-1, k-1) r_(q) + sum_{j>q} C(j-2, k-2) r_(j)] / C(n, k)."""
   total = math.comb(n, k)
   positions = range(1, n + 1)
   own = [Fraction(_comb(q - 1, k - 1), total) for q in positions]
   above = [Fraction(_comb(j - 2, k - 2), total) for j in positions]
-  return _to_float64(own), _to_float64([0] * n), _to_float64(above)
+  return own, [Fraction(0)] * n, above
 
 
-@functools.lru_cache(maxsize=256)
-def _loo_coefficients(n: int, k: int) -> _Coefficients:
+def _loo_exact(n: int, k: int) -> _Exact:
   """(k/n)(phi_k - psi_{k-1}): [C(q-1, k-1) r_(q) - sum_{j<q} C(j-1, k-2) r_(j)] / C(n, k)."""
   total = math.comb(n, k)
   positions = range(1, n + 1)
   own = [Fraction(_comb(q - 1, k - 1), total) for q in positions]
   below = [Fraction(-_comb(j - 1, k - 2), total) for j in positions]
-  return _to_float64(own), _to_float64(below), _to_float64([0] * n)
+  return own, below, [Fraction(0)] * n
 
 
-@functools.lru_cache(maxsize=256)
-def _leave_p_out_coefficients(n: int, m: int, factor: Fraction = Fraction(1)) -> _Coefficients:
-  """factor (m/n)(phi_m - psi_m), m = k - p < n, using (m/n) / C(n-1, m) = m / ((n-m) C(n, m)).
-
-  `factor` is applied in exact arithmetic, before the single rounding to float64.
-  """
+def _leave_p_out_exact(n: int, m: int, factor: Fraction = Fraction(1)) -> _Exact:
+  """factor (m/n)(phi_m - psi_m), m < n, using (m/n) / C(n-1, m) = m / ((n-m) C(n, m))."""
   total = math.comb(n, m)
   ratio = Fraction(m, n - m)
   positions = range(1, n + 1)
@@ -83,7 +81,45 @@ def _leave_p_out_coefficients(n: int, m: int, factor: Fraction = Fraction(1)) ->
   below = [-factor * ratio * Fraction(_comb(j - 1, m - 1), total) for j in positions]
   above = [factor * (_comb(j - 2, m - 2) - ratio * _comb(j - 2, m - 1)) / total
            for j in positions]
-  return _to_float64(own), _to_float64(below), _to_float64(above)
+  return own, below, above
+
+
+# The per-k estimators a mixture over k may combine (`ksjax.objectives.mixture`): "leave_out" is
+# (k/n)(phi_k - psi_k), the leave-p-out form with m = k.
+_EXACT = {"none": _none_exact, "loo": _loo_exact, "leave_out": _leave_p_out_exact}
+
+
+def _rounded(exact: _Exact) -> _Coefficients:
+  return tuple(_to_float64(values) for values in exact)
+
+
+@functools.lru_cache(maxsize=256)
+def _none_coefficients(n: int, k: int) -> _Coefficients:
+  return _rounded(_none_exact(n, k))
+
+
+@functools.lru_cache(maxsize=256)
+def _loo_coefficients(n: int, k: int) -> _Coefficients:
+  return _rounded(_loo_exact(n, k))
+
+
+@functools.lru_cache(maxsize=256)
+def _leave_p_out_coefficients(n: int, m: int, factor: Fraction = Fraction(1)) -> _Coefficients:
+  """`factor` is applied in exact arithmetic, before the single rounding to float64."""
+  return _rounded(_leave_p_out_exact(n, m, factor))
+
+
+@functools.lru_cache(maxsize=256)
+def _mixture_coefficients(n: int, terms: tuple[tuple[int, Fraction, str], ...]) -> _Coefficients:
+  """sum over terms (k, w_k, estimator) of w_k times that estimator's coefficients at k: the sum
+  is formed exactly and rounded once, so a mixture costs one sort like a single k."""
+  own, below, above = ([Fraction(0)] * n for _ in range(3))
+  for k, weight, estimator in terms:
+    term = _EXACT[estimator](n, k)
+    own = [a + weight * b for a, b in zip(own, term[0])]
+    below = [a + weight * b for a, b in zip(below, term[1])]
+    above = [a + weight * b for a, b in zip(above, term[2])]
+  return _rounded((own, below, above))
 
 
 @functools.lru_cache(maxsize=256)
@@ -123,6 +159,12 @@ def loo(rewards_gn: jax.Array, k: int) -> jax.Array:
 def leave_p_out(rewards_gn: jax.Array, m: int) -> jax.Array:
   """Leave-p-out weights for the (m = k - p)-sample target, [G, n]."""
   return _apply(rewards_gn, _leave_p_out_coefficients(rewards_gn.shape[-1], m))
+
+
+def mixture(rewards_gn: jax.Array, terms: tuple[tuple[int, Fraction, str], ...]) -> jax.Array:
+  """sum_k w_k (the k-th term's estimator: "none", "loo" or "leave_out"), [G, n]; `terms` is a
+  tuple of (k, w_k as a Fraction, estimator)."""
+  return _apply(rewards_gn, _mixture_coefficients(rewards_gn.shape[-1], terms))
 
 
 def centred(rewards_gn: jax.Array, k: int) -> jax.Array:

@@ -99,6 +99,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.temperature = 1.0
   c.top_p = 1.0
   c.top_k = 0
+  # Voting without labels (TTRL; ksjax.objectives.label_free): a completion's reward is whether
+  # its answer agrees with the majority of the other n - 1 completions of its prompt (1/t for t
+  # tied answers; no answer: no vote, reward 0), from answer classes formed from the answers' text
+  # alone; correct_reward and wrong_reward do not apply. The labels reach only the logged
+  # accuracy: batch/* and the held-out probe (eval.probe_every).
+  c.label_free = False
   # Dynamic sampling (ksjax.trainer.dynamic): a step samples rounds of batch_prompts prompts until
   # it holds batch_prompts groups whose k-sample weights are not all zero (the others are dropped
   # before the reference forward and the update), or dynamic_max_rounds rounds are done; then it
@@ -127,6 +133,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.k_schedule = "none"
   c.k_start = config_dict.placeholder(int)  # k at step 0 of a linear/step schedule; None: none
   c.k_schedule_steps = 0  # linear: k is reached at this step; step: k from this step on
+  # An objective over every k up to k (ksjax.objectives.mixture): sum_{j<=k} w_j E[f(y_1..y_j)],
+  # none | maxrl (w_j = 1/j: MaxRL's truncated log-likelihood) | weights (w_j = k_weights[j-1]);
+  # baseline none | loo | leave_two_out. With a k schedule, step s's mixture stops at its k.
+  c.k_mixture = "none"
+  c.k_weights = config_dict.placeholder(tuple)  # k_mixture="weights": (w_1, ..., w_k), >= 0
 
   # --- the policy-gradient stack --------------------------------------------------------------
   c.algorithm = "pg"  # pg | ppo | grpo | dr_grpo
@@ -204,6 +215,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.top_k = 0
   c.eval.max_new_tokens = config_dict.placeholder(int)  # None: max_new_tokens
   c.eval.batch_prompts = 64  # prompts per sampler call
+  # A labelled probe during training (a label-free run's true accuracy; any run's): every
+  # probe_every RL steps, probe_samples completions for each of probe_prompts held-out prompts
+  # spread evenly over eval.split, logged as probe/pass_at_1, probe/maj_at_<n>, ...; 0: none.
+  # Its CPU time is not counted in max_cpu_minutes.
+  c.eval.probe_every = 0
+  c.eval.probe_prompts = 48
+  c.eval.probe_samples = 4
   return c
 
 

@@ -17,6 +17,14 @@ the same classes majority voting counts, so equal answers (mathematically equal,
 one answer. Completions without an extractable answer all share one class ("none"): they count as
 one distinct answer and one outcome of the entropy, as they are one candidate of the vote. (Math
 answers whose equivalence check crashed or timed out are each a class of their own there, too.)
+
+`hide_labels` is the reward of voting without labels (config.label_free): each completion is
+rewarded for agreeing with the other completions of its prompt (`ksjax.objectives.label_free`).
+The classes it votes on are formed again from the extracted answers' text alone, because the
+tasks' own classes may consult the label (math puts every answer the checker finds equal to the
+gold in one class, compares the others pairwise; code groups programs by their verdict on the
+tests): equal text, one class; so math answers equal only up to form (1/2, 0.5) split the vote.
+The label still decides `correct_gn`, which only the logged accuracy reads.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ import numpy as np
 
 from ksjax import distributed, sampling
 from ksjax.objectives import estimates
-from ksjax.tasks.base import Prompt, Task
+from ksjax.objectives import label_free
+from ksjax.tasks.base import GroupScore, Prompt, Task, answer_classes
 
 ALL = "all"  # the group of every problem
 
@@ -52,6 +61,21 @@ class Scored:
   correct_gn: np.ndarray          # bool [G, n]
   answer_ids_gn: np.ndarray       # int32 [G, n], answer classes (majority voting)
   rewards_gn: np.ndarray          # float32 [G, n]
+  answers: tuple[tuple[str | None, ...], ...] = ()  # [G][n] extracted answers, None: none
+
+
+def hide_labels(scored: Scored) -> Scored:
+  """Voting without labels: rewards [G, n] are each completion's agreement with the others of
+  its prompt (`ksjax.objectives.label_free.agreement`: 1, 1/t on a t-way tie, 0; no answer: no
+  vote and 0), over answer classes formed from the answers' text; the label-based rewards and
+  classes are dropped. Nothing it returns but `correct_gn` depends on the prompts' labels."""
+  if len(scored.answers) != len(scored.rewards_gn):
+    raise ValueError(f"{len(scored.answers)} groups of answers for {len(scored.rewards_gn)} "
+                     "groups of scores; voting without labels needs the extracted answers")
+  answer_ids_gn = np.stack([answer_classes(group) for group in scored.answers]).astype(np.int32)
+  answered_gn = np.array([[a is not None for a in group] for group in scored.answers], bool)
+  return dataclasses.replace(scored, answer_ids_gn=answer_ids_gn,
+                             rewards_gn=label_free.agreement(answer_ids_gn, answered_gn))
 
 
 def sample_and_score(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *, seed: int,
@@ -72,11 +96,17 @@ def sample_and_score(llama, task: Task, prompts: Sequence[Prompt], draw: Draw, *
     raise ValueError(f"{tokens_rn.shape[0]} sampled rows do not split into {g} prompts")
   n = tokens_rn.shape[0] // max(g, 1)
   texts = tuple(tokenizer.decode(row) for row in tokens_rn)
-  scores = task.score(list(prompts), [texts[i * n:(i + 1) * n] for i in range(g)])
-  return Scored(output=out, texts=texts,
+  return from_scores(out, texts, task.score(list(prompts),
+                                            [texts[i * n:(i + 1) * n] for i in range(g)]))
+
+
+def from_scores(output, texts: tuple[str, ...], scores: Sequence[GroupScore]) -> Scored:
+  """The task's per-group scores as a Scored ([G, n] arrays)."""
+  return Scored(output=output, texts=texts,
                 correct_gn=np.stack([s.correct for s in scores]).astype(bool),
                 answer_ids_gn=np.stack([s.answer_ids for s in scores]).astype(np.int32),
-                rewards_gn=np.stack([s.rewards for s in scores]).astype(np.float32))
+                rewards_gn=np.stack([s.rewards for s in scores]).astype(np.float32),
+                answers=tuple(tuple(s.answers) for s in scores))
 
 
 @dataclasses.dataclass(frozen=True)

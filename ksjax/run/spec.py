@@ -261,6 +261,9 @@ class SamplingSpec(_Spec):
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  # Voting without labels: each completion's reward is its agreement with the other completions
+  # of its prompt (`ksjax.run.scoring.hide_labels`), not its correctness.
+  label_free: bool = False
   # Dynamic sampling (`ksjax.trainer.dynamic`): resample rounds of batch_prompts prompts until
   # batch_prompts groups with a non-zero k-sample weight are kept, at most this many rounds.
   dynamic_sampling: bool = False
@@ -288,6 +291,9 @@ class SamplingSpec(_Spec):
     cv.integer(c, "top_k", lo=0)
     cv.boolean(c, "dynamic_sampling")
     cv.integer(c, "dynamic_max_rounds", lo=1)
+    if cv.boolean(c, "label_free") and self.n < 2:
+      raise ConfigError(f"config.label_free=True is not accepted with n={self.n}: a completion is "
+                        "rewarded for agreeing with the others of its prompt; expected n >= 2")
 
   @property
   def rows(self) -> int:
@@ -298,7 +304,10 @@ class SamplingSpec(_Spec):
 @dataclasses.dataclass(frozen=True)
 class EstimatorSpec(_Spec):
   """The k-sample objective and its estimator (same names as `ksjax.objectives`), and the
-  schedule of k over training (`ksjax.objectives.k_at_step`; "none": k throughout)."""
+  schedule of k over training (`ksjax.objectives.k_at_step`; "none": k throughout).
+
+  With a k_mixture the objective is sum_{j<=k} w_j E[f(y_1..y_j)] (`ksjax.objectives.mixture`),
+  and a schedule truncates it at the step's k."""
   aggregator: str = "pass_at_k"
   baseline: str = "loo"
   k: int = 4
@@ -308,6 +317,8 @@ class EstimatorSpec(_Spec):
   k_schedule: str = "none"
   k_start: int | None = None   # k at step 0 of a linear/step schedule
   k_schedule_steps: int = 0    # linear: k reached at this step; step: k from this step on
+  k_mixture: str = "none"      # none | maxrl | weights: the objective over every k up to k
+  k_weights: tuple[float, ...] | None = None  # k_mixture="weights": w_1..w_k
 
   def __post_init__(self):
     c = self._view()
@@ -325,6 +336,22 @@ class EstimatorSpec(_Spec):
                            steps=self.k_schedule_steps)
     except ValueError as e:
       raise ConfigError(f"config.{e}") from None
+    cv.choice(c, "k_mixture", objectives.K_MIXTURES)
+    weights = self.k_weights
+    listed = isinstance(weights, (tuple, list))
+    if self.k_mixture == "weights" and listed and len(weights) != self.k:
+      raise ConfigError(f"config.k_weights has {len(weights)} entries; expected k={self.k} "
+                        "(w_1, ..., w_k of the mixture up to k)")
+    try:
+      self.weights_at(self.k)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
+    if weights is not None:
+      object.__setattr__(self, "k_weights", tuple(float(w) for w in weights))
+
+  def weights_at(self, k: int):
+    """w_1..w_k of the mixture truncated at k (a schedule's k at a step), None without one."""
+    return objectives.mixture_weights(self.k_mixture, k, self.k_weights)
 
   def k_at(self, step: int) -> int:
     """The k of the objective at `step` (0-based count of updates done)."""
@@ -362,11 +389,16 @@ class EstimatorSpec(_Spec):
   def advantages(self, rewards_bn: np.ndarray, answer_ids_bn: np.ndarray,
                  k: int | None = None) -> np.ndarray:
     """The k-sample weights of `ksjax.objectives`, float32 [B, n]; k: `self.k` unless given
-    (a schedule's `k_at(step)`)."""
+    (a schedule's `k_at(step)`); with a k_mixture, those of the mixture up to k."""
+    k = self.k if k is None else k
+    if self.k_mixture != "none":
+      return np.asarray(objectives.mixture_advantages(
+          rewards_bn, k_weights=self.weights_at(k), aggregator=self.aggregator,
+          baseline=self.baseline, beta=self.beta, scale=self.scale, answer_ids=answer_ids_bn),
+          np.float32)
     return np.asarray(objectives.k_sample_advantages(
         rewards_bn, aggregator=self.aggregator, baseline=self.baseline,
-        k=self.k if k is None else k, p=self.p, beta=self.beta, scale=self.scale,
-        answer_ids=answer_ids_bn), np.float32)
+        k=k, p=self.p, beta=self.beta, scale=self.scale, answer_ids=answer_ids_bn), np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,7 +588,8 @@ class WarmupSpec(_Spec):
 
 @dataclasses.dataclass(frozen=True)
 class HeldOutSpec(_Spec):
-  """The held-out evaluation at the (warmed-up) start and at the end of a run."""
+  """The held-out evaluation at the (warmed-up) start and at the end of a run, and the labelled
+  probe every `probe_every` steps during it (`ksjax.trainer.probe`)."""
   at_start: bool = True
   at_end: bool = True
   split: str = "test"
@@ -568,10 +601,17 @@ class HeldOutSpec(_Spec):
   top_k: int = 0
   max_new_tokens: int = 64         # the config's None: the run's max_new_tokens
   batch_prompts: int = 64          # prompts per sampler call
+  probe_every: int = 0             # RL steps between probes; 0: none
+  probe_prompts: int = 48          # held-out prompts of a probe, spread evenly over the split
+  probe_samples: int = 4           # n per probe prompt
 
   @classmethod
   def config_names(cls) -> dict[str, str]:
     return {f.name: f"eval.{f.name}" for f in dataclasses.fields(cls)}
+
+  def probe_at(self, step: int) -> bool:
+    """Whether the probe runs after RL step `step` (1-based)."""
+    return bool(self.probe_every) and step % self.probe_every == 0
 
   def __post_init__(self):
     c = self._view()
@@ -590,6 +630,9 @@ class HeldOutSpec(_Spec):
     cv.integer(c, "eval.top_k", lo=0)
     cv.integer(c, "eval.max_new_tokens", lo=1)
     cv.integer(c, "eval.batch_prompts", lo=1)
+    cv.integer(c, "eval.probe_every", lo=0)
+    cv.integer(c, "eval.probe_prompts", lo=1)
+    cv.integer(c, "eval.probe_samples", lo=1)
     object.__setattr__(self, "ks", tuple(ks))
 
 

@@ -57,7 +57,7 @@ from ksjax.run.directory import RunDirectory
 from ksjax.run.spec import TrainSpec
 from ksjax.trainer import async_rollouts, held_out, learner, memory_plan, metrics
 from ksjax.trainer import draw as draw_lib
-from ksjax.trainer import rollout, warmup
+from ksjax.trainer import probe, rollout, warmup
 from ksjax.trainer import update as update_lib
 
 
@@ -168,9 +168,11 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   del llama
 
   s, e = spec.sampling, spec.estimator
+  mixture = "" if e.k_mixture == "none" else f", mixture {e.k_mixture} over k <= {e.k}"
   _say(f"training: {spec.run.num_steps} steps of {s.batch_prompts} prompts x {s.n} "
-       f"completions, {spec.loss.algorithm} with {e.aggregator}/{e.baseline} "
-       f"(k={e.k}), sparse updates {'on' if spec.loss.use_sparse else 'off'}"
+       f"completions, {spec.loss.algorithm} with {e.aggregator}/{e.baseline} (k={e.k}{mixture})"
+       + (", rewarded by agreement without labels" if s.label_free else "")
+       + f", sparse updates {'on' if spec.loss.use_sparse else 'off'}"
        + (f", dynamic sampling (at most {s.dynamic_max_rounds} rounds)"
           if s.dynamic_sampling else ""))
   writer = metrics.MetricsWriter(run_dir, resume_step=step if resumed else None)
@@ -227,6 +229,12 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                         for name, value in worker_seconds.items()})
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
+      if spec.held_out.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
+        probe_cpu, probe_wall = cpu_seconds(), time.perf_counter()
+        scalars.update(probe.evaluate(nnx.merge(graphdef, state.params), task, spec.held_out,
+                                      seed=spec.run.seed + 2, mesh=mesh))
+        scalars["time/probe"] = time.perf_counter() - probe_wall
+        budget.before -= cpu_seconds() - probe_cpu
       scalars.update(compiles.take())
       scalars["objective/k"] = float(k_now)
       scalars["time/cpu_seconds"] = used = budget.used()
@@ -404,6 +412,7 @@ def _step_scalars(spec: TrainSpec, drawn: draw_lib.Drawn, ref_logp_rt: np.ndarra
     scalars.update(drawn.metrics())
   scalars["advantage/nonzero_fraction"] = float(np.mean(advantage_bn != 0))
   scalars["advantage/abs_mean"] = float(np.mean(np.abs(advantage_bn)))
+  scalars.update(metrics.weight_noise(advantage_bn))
   total = sum(timer.seconds.values())
   generated = float(sampled.completion_mask_rt.sum())
   scalars["time/step"] = total

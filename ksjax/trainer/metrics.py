@@ -8,6 +8,9 @@ killed and resumed has each step once. Only JAX process 0 writes.
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
 
+`weight_noise` says how much signal and noise a step's k-sample weights carry (`advantage/*`), so
+that estimators and objectives can be compared by what a sample buys rather than by reward.
+
 `CompileCounter` counts XLA compilations and their seconds (JAX's own monitoring events), in all and
 per program, so that each step logs `compile/count`, `compile/seconds` and `compile/cache_hits`
 (those read from the persistent compilation cache), and a run ends with one line naming the
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 
 import jax
 import jax.monitoring
+import numpy as np
 import tqdm
 from tensorboardX import SummaryWriter
 
@@ -145,6 +149,30 @@ class CompileCounter:
     if len(ranked) > most:
       shown.append(f"{len(ranked) - most} more")
     return line + (f" ({', '.join(shown)})" if shown else "")
+
+
+def weight_noise(advantage_bn: np.ndarray) -> dict[str, float]:
+  """The step's k-sample weights [B, n], per group (prompt).
+
+  A group's gradient estimate is sum_i w_i grad log pi(y_i); with score vectors that are nearly
+  uncorrelated and of similar size, its noise grows with sum_i w_i^2, and a group whose weights
+  are all 0 adds nothing but the cost of its samples. So:
+    advantage/signal_groups: the share of groups with a non-zero weight (exactly 0 is none, the
+      rule dynamic sampling and sparse updates use);
+    advantage/group_variance: the variance of the weights within a group (over its n samples),
+      averaged over all groups; advantage/signal_group_variance: over the groups with signal
+      only, so that a sparse estimator is not flattered by its empty groups (0 with none);
+    advantage/square_mean: the mean squared weight, the per-sample noise scale of the gradient.
+  Compare them at equal n and with the rewards on one scale; they change with the policy.
+  """
+  weights_bn = np.asarray(advantage_bn, np.float64)  # a step samples B >= 1 groups
+  signal_b = np.any(weights_bn != 0, axis=1)
+  variance_b = weights_bn.var(axis=1)
+  with_signal = float(variance_b[signal_b].mean()) if signal_b.any() else 0.0
+  return {"advantage/signal_groups": float(signal_b.mean()),
+          "advantage/group_variance": float(variance_b.mean()),
+          "advantage/signal_group_variance": with_signal,
+          "advantage/square_mean": float(np.mean(np.square(weights_bn)))}
 
 
 def _is_writer() -> bool:

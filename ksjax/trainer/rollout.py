@@ -44,11 +44,13 @@ def collect(llama, task: Task, prompts: Sequence[Prompt], spec: SamplingSpec, *,
             mesh=None, sampled: Callable[[], None] | None = None) -> Rollout:
   """Algorithm 1, step (ii): n completions of each prompt from `llama`, scored by the task
   (`ksjax.run.scoring.sample_and_score`, which calls `sampled` between the two) and laid out
-  for the update."""
+  for the update. With `spec.label_free`, rewarded by agreement, not by the label
+  (`scoring.hide_labels`)."""
   draw = scoring.Draw(num_samples=spec.n, max_new_tokens=spec.max_new_tokens,
                       temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
-  return layout(prompts, scoring.sample_and_score(llama, task, prompts, draw, seed=seed,
-                                                  mesh=mesh, sampled=sampled))
+  scored = scoring.sample_and_score(llama, task, prompts, draw, seed=seed, mesh=mesh,
+                                    sampled=sampled)
+  return layout(prompts, scoring.hide_labels(scored) if spec.label_free else scored)
 
 
 def layout(prompts: Sequence[Prompt], scored: scoring.Scored) -> Rollout:
