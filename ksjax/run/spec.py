@@ -55,8 +55,7 @@ STARTS = ("init_hf", "init_checkpoint", "init_gguf")
 ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
 SYNTHETIC_MAX_MODULUS = 100  # ksjax.tasks.synthetic.MAX_MODULUS (tests check they agree)
 # Completions per prompt: the estimator is checked at start-up on a group of n (O(n) memory and
-# time, ~0.5 s at this bound), so an n in the billions would hang or exhaust memory before the
-# run begins.
+# time), so an n in the billions would hang or exhaust memory before the run begins.
 MAX_COMPLETIONS = 1 << 14
 # Fields of config.model that change a preset when set (None keeps the preset's value).
 PRESET_OVERRIDES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
