@@ -225,6 +225,8 @@ def shrinking_case(llama, mesh=None, compact_rows=2):
   return out, shrunk
 
 
+@pytest.mark.slow  # the default suite shrinks on a mesh against the unsharded samples
+# (tests/sampling/test_sharding.py::test_shrinking_on_a_mesh_gives_the_unsharded_samples)
 def test_shrinking_the_decode_batch_changes_no_sample(llama):
   whole, never = shrinking_case(llama, compact_rows=0)
   out, shrunk = shrinking_case(llama)
@@ -272,7 +274,9 @@ def long_llama():
   return scaled_llama(model.preset("tiny", vocab_size=97, max_position_embeddings=144))
 
 
-@pytest.mark.parametrize("compact_rows", [0, 2])
+# Phases with compaction (compact_rows=2) is slow, so that CI keeps under its 20 minutes; the
+# default suite decodes in phases here (0) and compacts on a mesh (tests/sampling/test_sharding.py).
+@pytest.mark.parametrize("compact_rows", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_decoding_in_phases_changes_no_sample(long_llama, compact_rows, monkeypatch):
   """120 new tokens (119 slots: phases of 64 and 119 slots) with an EOS id drawn from a free run,
   so rows end inside both phases and, with compact_rows=2, the batch shrinks while decoding in

@@ -327,6 +327,8 @@ def _main(workdir, **overrides):
 VOLATILE = ("time/", "throughput/", "compile/")  # wall-clock numbers differ between runs
 
 
+@pytest.mark.slow  # a straight run and a killed one; the default suite resumes bitwise without
+# dynamic sampling (tests/trainer/test_run.py) and runs dynamic sampling (test_a_run_logs_...)
 def test_killed_and_resumed_run_with_dynamic_sampling_matches_the_straight_run_bitwise(tmp_path):
   steps = 6
   straight, killed = resume.straight_and_killed(_main, tmp_path, steps, _env())
