@@ -321,6 +321,9 @@ def _check_run(workdir, levels):
   assert [line["step"] for line in lines] == [1, 2]
   for line in lines:
     assert 0.0 <= line["batch/pass_at_1"] <= 1.0
+    # how the step's answers were read (Task.metrics), shares of its completions
+    shares = [line[f"extraction/{how}"] for how in ("tagged", "fallback", "cut_off", "none")]
+    assert all(0.0 <= x <= 1.0 for x in shares) and sum(shares) == pytest.approx(1.0), line
   table = (workdir / "eval_table.txt").read_text()
   assert any(f"level{name}/pass@" in table for name in levels), table
 
