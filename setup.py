@@ -48,6 +48,17 @@ TEST_REQUIRES = [
 GYM_REQUIRES = ["reasoning-gym==0.1.25"]
 TEST_REQUIRES += GYM_REQUIRES
 
+# benchmarks/rl_step.py times TRL's GRPOTrainer against the trainer; TRL is pinned so that the
+# figures in docs/benchmarks.md name the version they were measured against. torch and
+# transformers are the test extra's (its pins), with TRL's floors where they are higher.
+BENCH_REQUIRES = [
+    "trl==1.16.0; python_version >= \"3.11\"",  # TRL 1.16 needs Python 3.11
+    "torch==2.13.0",
+    "transformers>=4.56.2",
+    "accelerate>=1.10.1",  # transformers' GGUF loading, and TRL's Trainer
+    "datasets>=4.7.0",  # TRL's trainers take a datasets.Dataset
+]
+
 setup(
     name="ksjax",
     version="0.1.0",
@@ -56,5 +67,5 @@ setup(
     packages=find_packages(include=["ksjax", "ksjax.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "gym": GYM_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "bench": BENCH_REQUIRES, "gym": GYM_REQUIRES},
 )

