@@ -39,15 +39,106 @@ def project(x: jax.Array, w: jax.Array, dtype: str, matmul_dtype: str | None,
 
   Without a `matmul_dtype` (or with one equal to `dtype`) both operands are cast to `dtype`, the
   plain product. With one, both operands are cast to it and the product is accumulated and
-  returned in float32, then cast to `dtype` (see `LlamaConfig.matmul_dtype` for why).
+  returned in float32, then cast to `dtype` (see `LlamaConfig.matmul_dtype` for why); a product
+  that contracts x's last axis with w's leading one (`spec` None, "btd,dnh->btnh", ...) is then
+  one [M, K] x [K, N] matmul with a hand-written backward (`_mixed_matmul`).
   """
-  if matmul_dtype is None or jnp.dtype(matmul_dtype) == jnp.dtype(dtype):
+  if not _is_mixed(dtype, matmul_dtype):
     w = w.astype(dtype)
     return x @ w if spec is None else jnp.einsum(spec, x, w)
   md = jnp.dtype(matmul_dtype)
-  out = jnp.einsum(spec or "...d,df->...f", x.astype(md), w.astype(md),
-                   preferred_element_type=jnp.float32)
+  if spec is None or _contracts_last_with_leading(spec, x.ndim, w.ndim):
+    k = w.shape[0]
+    out_mn = _mixed_matmul(x.reshape(-1, k), w.reshape(k, -1), jnp.dtype(dtype), md)
+    return out_mn.reshape(x.shape[:-1] + w.shape[1:])
+  out = jnp.einsum(spec, x.astype(md), w.astype(md), preferred_element_type=jnp.float32)
   return out.astype(dtype)
+
+
+def _is_mixed(dtype, matmul_dtype) -> bool:
+  """Whether `project` takes `matmul_dtype` operands other than `dtype` (float32 accumulation)."""
+  return matmul_dtype is not None and jnp.dtype(matmul_dtype) != jnp.dtype(dtype)
+
+
+def _contracts_last_with_leading(spec: str, x_ndim: int, w_ndim: int) -> bool:
+  """Whether the einsum `spec` is x [..., K] times w [K, ...] -> [..., ...] in operand order."""
+  inputs, out = spec.replace(" ", "").split("->")
+  xs, ws = inputs.split(",")
+  return (len(xs) == x_ndim and len(ws) == w_ndim and "." not in spec and xs[-1] == ws[0]
+          and out == xs[:-1] + ws[1:] and len(set(xs + ws)) == len(xs) + len(ws) - 1)
+
+
+def transposed(x_mk: jax.Array) -> jax.Array:
+  """x's last two axes swapped ([..., M, K] -> [..., K, M]) as a row-major copy that XLA:CPU's
+  dot library takes as a product's left operand.
+
+  Why not `x.swapaxes(-1, -2)`: XLA:CPU runs a dot on its fast library kernels (YNNPACK, the
+  matrix units with bfloat16 operands) only if the left operand contracts its minor axis and
+  both operands are row-major. Handed a plain transpose, it either folds it into the dot (the
+  left operand contracting its major axis) or gives it a column-major layout, and the dot falls
+  back to XLA's own kernel: with bfloat16 operands first converted to float32 (a float32-speed
+  product), or, where a loop of one trip had hidden the transpose from that decision, not
+  converted at all, and the kernel fails ("Unsupported element type for DotThunk::Execute:
+  BF16 x BF16 = F32"). A transpose of a view with one axis split in two, read back as
+  [..., K, M], is neither: XLA must write the copy, row-major. jax.lax has no copy with a
+  layout, and an optimization barrier keeps the transpose's column-major layout (XLA converts a
+  bfloat16 one to float32 besides). Where neither axis splits (both of size 1 or prime) the
+  plain transpose is returned; such a product is too thin for the library and runs on XLA's own
+  kernel in float32 anyway.
+  """
+  *batch, m, k = x_mk.shape
+  nb = len(batch)
+  split = _smallest_factor(k)
+  if split is not None:  # [..., M, K/s, s] -> [..., K/s, s, M]
+    x = x_mk.reshape(*batch, m, k // split, split)
+    return x.transpose(*range(nb), nb + 1, nb + 2, nb).reshape(*batch, k, m)
+  split = _smallest_factor(m)
+  if split is not None:  # [..., M/s, s, K] -> [..., K, M/s, s]
+    x = x_mk.reshape(*batch, m // split, split, k)
+    return x.transpose(*range(nb), nb + 2, nb, nb + 1).reshape(*batch, k, m)
+  return jnp.swapaxes(x_mk, -1, -2)
+
+
+def _smallest_factor(n: int) -> int | None:
+  """The smallest factor of n other than 1 and n, or None."""
+  return next((f for f in range(2, int(n ** 0.5) + 1) if n % f == 0), None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mixed_matmul(x_mk: jax.Array, w_kn: jax.Array, dtype: jnp.dtype,
+                  matmul_dtype: jnp.dtype) -> jax.Array:
+  """x @ w with both operands in `matmul_dtype`, accumulated in float32, returned in `dtype`.
+
+  The backward pass is written by hand (`_mixed_matmul_bwd`) so that both gradient products run
+  on XLA:CPU's library kernels with `matmul_dtype` operands (bfloat16 on the matrix units).
+  Why not autodiff: it differentiated the product into a float32 cotangent times the bfloat16
+  operand, which XLA converts to a float32 x float32 product, and its weight gradient contracts
+  the activations' major axis, which XLA's library kernels refuse, so every backward product ran
+  on float32 kernels (benchmarks/update_rate.py times both and prints each product alone). The
+  residuals are both operands in `matmul_dtype`: the backward casts nothing again, and holds
+  bfloat16 activations, half of float32's memory."""
+  return _mixed_matmul_fwd(x_mk, w_kn, dtype, matmul_dtype)[0]
+
+
+def _mixed_matmul_fwd(x_mk, w_kn, dtype, matmul_dtype):
+  xm, wm = x_mk.astype(matmul_dtype), w_kn.astype(matmul_dtype)
+  out = jnp.dot(xm, wm, preferred_element_type=jnp.float32).astype(dtype)
+  # Zero-size stand-ins carry the primal dtypes the cotangents must have (a residual must be an
+  # array).
+  return out, (xm, wm, jnp.zeros(0, x_mk.dtype), jnp.zeros(0, w_kn.dtype))
+
+
+def _mixed_matmul_bwd(dtype, matmul_dtype, residuals, dout_mn):
+  """dx = dy w^T, a [M, N] x [K, N] product (the right operand contracting its minor axis is one
+  the library takes), and dw = x^T dy with x^T copied row-major (`transposed`)."""
+  xm, wm, x_like, w_like = residuals
+  dym = dout_mn.astype(matmul_dtype)
+  dx = jnp.einsum("mn,kn->mk", dym, wm, preferred_element_type=jnp.float32)
+  dw = jnp.dot(transposed(xm), dym, preferred_element_type=jnp.float32)
+  return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
+
+
+_mixed_matmul.defvjp(_mixed_matmul_fwd, _mixed_matmul_bwd)
 
 
 class RMSNorm(nnx.Module):
@@ -278,7 +369,9 @@ def swiglu(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.
   (benchmarks/real_model.py --parts=train times the update). Here every weight gradient is a plain
   [D, B*T] x [B*T, F] or [F, B*T] x [B*T, D] product whose transposed operand is the narrow
   one ([B*T, D], 2.7 times smaller at SmolLM2's widths) or a result, and silu's derivative is
-  one fused pass. The residuals are x and both [B, T, F] pre-activations."""
+  one fused pass. With a lower `matmul_dtype` every product takes operands in it, the transposed
+  ones copied row-major (`transposed`), as `_mixed_matmul` does and for the same reason. The
+  residuals are x and both [B, T, F] pre-activations."""
   return _swiglu_fwd(x_btd, gate_df, up_df, down_fd, dtype, matmul_dtype)[0]
 
 
@@ -294,18 +387,30 @@ def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
   x_btd, gate_df, up_df, down_fd, g_btf, u_btf = residuals
   b, t, d = x_btd.shape
   f = g_btf.shape[-1]
-  mm = lambda spec, a, w: project(a, w, dtype, matmul_dtype, spec)
+  if _is_mixed(dtype, matmul_dtype):
+    # Operands cast before they are transposed (half the bytes to copy), each transposed operand
+    # a row-major copy (`transposed`) for the library kernels.
+    md = jnp.dtype(matmul_dtype)
+    mm = lambda spec, a, w: jnp.einsum(spec, a.astype(md), w.astype(md),
+                                       preferred_element_type=jnp.float32).astype(dtype)
+    tr = lambda a_mk: transposed(a_mk.astype(md))
+    # A product's transpose, copied: XLA rewrites a plain transpose of a product into the product
+    # of the transposed operands, the layout `transposed` keeps it from.
+    tr_out = transposed
+  else:
+    mm = lambda spec, a, w: project(a, w, dtype, matmul_dtype, spec)
+    tr = tr_out = lambda a_mk: a_mk.T
   g_mf, u_mf = g_btf.reshape(b * t, f), u_btf.reshape(b * t, f)
   sig_mf = jax.nn.sigmoid(g_mf)
   silu_mf = g_mf * sig_mf
   dy_md = dy_btd.reshape(b * t, d).astype(dtype)
   dhidden_mf = mm("md,fd->mf", dy_md, down_fd)
   # d down = hidden^T dy, formed as (dy^T hidden)^T: the transposes are of [B*T, D] and [D, F].
-  ddown_fd = mm("dm,mf->df", dy_md.T, silu_mf * u_mf).T
+  ddown_fd = tr_out(mm("dm,mf->df", tr(dy_md), silu_mf * u_mf))
   # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
   dg_mf = dhidden_mf * u_mf * sig_mf * (1 + g_mf * (1 - sig_mf))
   du_mf = dhidden_mf * silu_mf
-  x_dm = x_btd.reshape(b * t, d).T
+  x_dm = tr(x_btd.reshape(b * t, d))
   dgate_df, dup_df = mm("dm,mf->df", x_dm, dg_mf), mm("dm,mf->df", x_dm, du_mf)
   dx_md = mm("mf,df->md", dg_mf, gate_df) + mm("mf,df->md", du_mf, up_df)
   return (dx_md.reshape(b, t, d).astype(x_btd.dtype), dgate_df.astype(gate_df.dtype),

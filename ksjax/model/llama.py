@@ -152,10 +152,18 @@ class Llama(nnx.Module):
     b, t = tokens_bt.shape
     mask_bt = (jnp.ones((b, t), bool) if attention_mask is None
                else attention_mask.astype(bool))
-    positions_bt = default_positions(mask_bt) if positions is None else positions
     causal_tt = jnp.tril(jnp.ones((t, t), bool))
     mask_btt = mask_bt[:, None, :] & causal_tt[None]
-    cos, sin = self.cos_sin(positions_bt)
+    if positions is None:
+      # Default positions are below T: the rotations by lookup in a table of 0 .. T - 1
+      # (`rope_table`). Computed from the positions, cos and sin would be evaluated again in every
+      # layer's q and k rotation, once per head, forward and backward (XLA fuses them into each
+      # consumer, the layout copies into [B, K, G*T, H] among them); at SmolLM2's shape that was
+      # the largest of a forward's costs outside its matmuls (benchmarks/update_rate.py).
+      positions_bt = default_positions(mask_bt)
+      cos, sin = (table[positions_bt] for table in self.rope_table(t))
+    else:
+      cos, sin = self.cos_sin(positions)
     x_btd = self.embed(tokens_bt)
     if self.cfg.remat:
       x_btd = self.scanned_blocks(x_btd, cos, sin, mask_btt)

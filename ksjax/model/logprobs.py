@@ -1,12 +1,12 @@
 """Per-token log-probabilities and entropies of given sequences, for RL objectives.
 
 For a 128k vocabulary the [B, T, V] float32 logits of a training batch are larger than the model's
-activations, so they are never formed: the sequence is cut into chunks (`jax.lax.map`) and, within
-a chunk, the vocabulary into slices (`jax.lax.scan`) over which the log-sum-exp, the chosen logit
-and the entropy are accumulated online (running max rescaling, as in flash attention). The
-backward pass is written by hand: it walks the same chunks again, recomputing each slice's logits
-once, so it too holds one [B, C, Vc] slice at a time. All of it is float32: log p = chosen logit -
-logsumexp.
+activations, so they are never formed: the vocabulary is cut into slices and the sequence into
+chunks (nested `jax.lax.scan`s, the vocabulary outermost), and each position's log-sum-exp, chosen
+logit and entropy are accumulated online over the slices (running max rescaling, as in flash
+attention). The backward pass is written by hand: it walks the same slices and chunks again,
+recomputing each block's logits once, so it too holds one [B * C, Vc] block at a time. All of it
+is float32: log p = chosen logit - logsumexp.
 
 jax has no fused "cross-entropy over a sharded, chunked vocabulary" primitive (optax's
 `softmax_cross_entropy_with_integer_labels` needs the full logits), hence the hand-written loop.
@@ -20,16 +20,21 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ksjax.model import sharding
+from ksjax.model import layers, sharding
 
-DEFAULT_SEQ_CHUNK = 128
-DEFAULT_VOCAB_CHUNK = 8192
+# Without a `seq_chunk`, a sequence chunk takes about CHUNK_ROWS positions of all B rows together.
+# With slices of DEFAULT_VOCAB_CHUNK columns, each step's float32 logits block ([1024, 2048], 8
+# MiB) stays near the caches, and the several passes over it (max, exponentials, sums, the
+# gradient) read it from there: the head ran faster than with [B * 128, 8192] blocks, in float32
+# and with bfloat16 operands, at 4 and at 32 rows (benchmarks/update_rate.py --parts=head).
+CHUNK_ROWS = 1024
+DEFAULT_VOCAB_CHUNK = 2048
 _MASKED = -1e30
 
 
 def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
                      targets_bn: jax.Array, temperature: float = 1.0,
-                     seq_chunk: int = DEFAULT_SEQ_CHUNK,
+                     seq_chunk: int | None = None,
                      vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
                      operand_dtype=None) -> tuple[jax.Array, jax.Array]:
   """log softmax(h @ W / temperature)[target] and the entropy of that softmax, float32 [B, N].
@@ -38,7 +43,8 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
   float32, as `Llama.logits` computes it (`LlamaConfig.operand_dtype`).
 
   `w` is the head matrix, [V, D] when `vocab_axis` is 0 or [D, V] when 1; it is sliced, never
-  copied whole. Peak extra memory is O(B * seq_chunk * vocab_chunk) rather than O(B * N * V).
+  copied whole. Peak extra memory is O(B * seq_chunk * vocab_chunk) rather than O(B * N * V);
+  `seq_chunk` defaults to CHUNK_ROWS / B positions (at least 1).
 
   Under a tracing mesh that splits the vocabulary S ways (tensor parallelism), the vocabulary is
   viewed as [S, V/S] and each step takes `vocab_chunk` columns of every shard ([S, Vc], each
@@ -56,7 +62,7 @@ def chunked_logprobs(hidden_bnd: jax.Array, w: jax.Array, vocab_axis: int,
   shards = sharding.axis_size("vocab")
   shards = shards if v % shards == 0 else 1
   vs = v // shards  # columns per shard
-  c = min(seq_chunk, n)
+  c = min(seq_chunk or max(1, CHUNK_ROWS // b), n)
   vc = min(vocab_chunk, vs)
   n_chunks = -(-n // c)
   pad = n_chunks * c - n
@@ -97,60 +103,78 @@ class _Chunks:
     """The axis of `w_split` the vocabulary slices are taken along."""
     return 1 if self.vocab_axis == 0 else 2
 
-  @property
-  def w_axes(self) -> str:
-    """`w_split`'s axes in einsum letters: [S, V/S, D] or [D, S, V/S]."""
-    return "svd" if self.vocab_axis == 0 else "dsv"
+  def start(self, i: jax.Array) -> jax.Array:
+    """Slice i's first column within each shard (the last slice is shifted back to stay in
+    range)."""
+    return jnp.minimum(i * self.vc, self.vs - self.vc)
 
-  def logits(self, h_bcd: jax.Array, w_split: jax.Array, i: jax.Array):
-    """Slice i's float32 logits [B, C, S, Vc] / temperature, its weight slice (operand dtype),
-    its start column within each shard, and which of its columns it is the first to see (the
-    last slice is shifted back to stay in range; columns already seen are not fresh)."""
-    start = jnp.minimum(i * self.vc, self.vs - self.vc)
+  def columns(self, i: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Slice i's columns within each shard [Vc], and which of them it is the first to see (the
+    shifted last slice's first columns were seen by the slice before it)."""
+    local_v = start + jnp.arange(self.vc)
+    return local_v, local_v >= i * self.vc
+
+  def slice_matrix(self, w_split: jax.Array, start: jax.Array) -> jax.Array:
+    """The weight slice at `start` in the operand dtype, as a matrix: [S*Vc, D] (vocab_axis 0)
+    or [D, S*Vc] (1), both a free reshape of the slice."""
     w_slice = jax.lax.dynamic_slice_in_dim(w_split, start, self.vc, axis=self.slice_axis)
     w_slice = w_slice.astype(self.operand_dtype)
-    z_bcsv = jnp.einsum(f"bcd,{self.w_axes}->bcsv", h_bcd, w_slice,
-                        preferred_element_type=jnp.float32) * self.inv_temp
-    local_v = start + jnp.arange(self.vc)
-    return z_bcsv, w_slice, start, local_v, local_v >= i * self.vc
+    d = w_slice.shape[-1] if self.vocab_axis == 0 else w_slice.shape[0]
+    return w_slice.reshape(-1, d) if self.vocab_axis == 0 else w_slice.reshape(d, -1)
 
-  def hits(self, tgt_bc: jax.Array, local_v: jax.Array, fresh_v: jax.Array):
-    """[B, C, S, Vc]: where a fresh column is the row's target."""
+  def logits(self, h_md: jax.Array, w_mat: jax.Array) -> jax.Array:
+    """float32 logits [M, S, Vc] / temperature of hidden states [M, D] (operand dtype) against
+    a slice's weight matrix (`slice_matrix`).
+
+    One [M, D] x [D, S*Vc] matmul with the weight as it lies: the einsum over [S, Vc, D] made
+    XLA copy every slice transposed to [D, S*Vc] first (benchmarks/update_rate.py)."""
+    spec = "md,nd->mn" if self.vocab_axis == 0 else "md,dn->mn"
+    z_mn = jnp.einsum(spec, h_md, w_mat, preferred_element_type=jnp.float32) * self.inv_temp
+    return z_mn.reshape(-1, self.shards, self.vc)
+
+  def hits(self, tgt_m: jax.Array, local_v: jax.Array, fresh_v: jax.Array):
+    """[M, S, Vc]: where a fresh column is the row's target."""
     col_sv = (jnp.arange(self.shards) * self.vs)[:, None] + local_v[None, :]
-    return (col_sv == tgt_bc[..., None, None]) & fresh_v
+    return (col_sv == tgt_m[..., None, None]) & fresh_v
 
 
 def _chunks_forward(g: _Chunks, h_kbcd, w_split, tgt_kbc):
-  """log p of the targets, the entropies and the log-sum-exps, float32 [K, B, C] each: per
-  sequence chunk (`lax.map`) a scan over the vocabulary slices that accumulates the running max,
-  sum of exponentials, sum of exp * logit and the target's logit (rescaled online, as in flash
-  attention)."""
+  """log p of the targets, the entropies and the log-sum-exps, float32 [K, B, C] each: a scan
+  over the vocabulary slices and, within each, over the sequence chunks, that accumulates each
+  position's running max, sum of exponentials, sum of exp * logit and the target's logit
+  (rescaled online, as in flash attention). The vocabulary is the outer loop so that each weight
+  slice is cast to the operand dtype once, not once per chunk."""
+  k, b, c, d = h_kbcd.shape
+  m = b * c
 
-  def chunk(args):
-    h_bcd, tgt_bc = args
+  def vocab_step(stats, i):
+    start = g.start(i)
+    w_mat = g.slice_matrix(w_split, start)
+    local_v, fresh_v = g.columns(i, start)
 
-    def vocab_step(carry, i):
-      m_bc, s_bc, zs_bc, chosen_bc = carry
-      z_bcsv, _, _, local_v, fresh_v = g.logits(h_bcd, w_split, i)
+    def chunk_step(_, args):
+      h_md, tgt_m, m_m, s_m, zs_m, chosen_m = args
       # A finite stand-in for -inf: exp() of it is 0.
-      z_bcsv = jnp.where(fresh_v, z_bcsv, _MASKED)
-      m_new = jnp.maximum(m_bc, z_bcsv.max((-2, -1)))
-      rescale = jnp.exp(m_bc - m_new)
-      e_bcsv = jnp.exp(z_bcsv - m_new[..., None, None])
-      s_bc = s_bc * rescale + e_bcsv.sum((-2, -1))
-      zs_bc = zs_bc * rescale + jnp.where(fresh_v, e_bcsv * z_bcsv, 0.0).sum((-2, -1))
-      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v)
-      chosen_bc = chosen_bc + jnp.where(hit_bcsv, z_bcsv, 0.0).sum((-2, -1))
-      return (m_new, s_bc, zs_bc, chosen_bc), None
+      z_msv = jnp.where(fresh_v, g.logits(h_md, w_mat), _MASKED)
+      m_new = jnp.maximum(m_m, z_msv.max((-2, -1)))
+      rescale = jnp.exp(m_m - m_new)
+      e_msv = jnp.exp(z_msv - m_new[..., None, None])
+      s_m = s_m * rescale + e_msv.sum((-2, -1))
+      zs_m = zs_m * rescale + jnp.where(fresh_v, e_msv * z_msv, 0.0).sum((-2, -1))
+      hit_msv = g.hits(tgt_m, local_v, fresh_v)
+      chosen_m = chosen_m + jnp.where(hit_msv, z_msv, 0.0).sum((-2, -1))
+      return None, (m_new, s_m, zs_m, chosen_m)
 
-    zeros = jnp.zeros(tgt_bc.shape, jnp.float32)
-    init = (jnp.full(tgt_bc.shape, -jnp.inf, jnp.float32), zeros, zeros, zeros)
-    (m_bc, s_bc, zs_bc, chosen_bc), _ = jax.lax.scan(vocab_step, init, jnp.arange(g.n_vocab))
-    lse_bc = m_bc + jnp.log(s_bc)
-    # H = -sum p z + lse, with sum p z = zs / s.
-    return chosen_bc - lse_bc, lse_bc - zs_bc / s_bc, lse_bc
+    _, stats = jax.lax.scan(chunk_step, None,
+                            (h_kbcd.reshape(k, m, d), tgt_kbc.reshape(k, m)) + stats)
+    return stats, None
 
-  return jax.lax.map(chunk, (h_kbcd, tgt_kbc))
+  zeros = jnp.zeros((k, m), jnp.float32)
+  init = (jnp.full((k, m), -jnp.inf, jnp.float32), zeros, zeros, zeros)
+  (m_km, s_km, zs_km, chosen_km), _ = jax.lax.scan(vocab_step, init, jnp.arange(g.n_vocab))
+  lse_km = m_km + jnp.log(s_km)
+  # H = -sum p z + lse, with sum p z = zs / s.
+  return tuple(x.reshape(k, b, c) for x in (chosen_km - lse_km, lse_km - zs_km / s_km, lse_km))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -167,51 +191,95 @@ def _chunks_fwd(g: _Chunks, h_kbcd, w_split, tgt_kbc):
 def _chunks_bwd(g: _Chunks, residuals, cotangents):
   """With p = softmax(z) and z = h W / temperature, per logit:
   d log p[t] / dz = onehot(t) - p, and dH / dz = -p (log p + H) with log p = z - lse.
-  Each slice's logits are recomputed once; dz [B, C, S, Vc] meets the weight slice for dh
-  ([B*C, S*Vc] x [S*Vc, D]) and the hidden states, transposed once per chunk, for dW
-  ([D, B*C] x [B*C, S*Vc]): both plain matmuls, no transposed copy of dz."""
+
+  One pass over the vocabulary slices, and within each over the sequence chunks, recomputes each
+  slice's logits once per chunk; dz [M, S*Vc] meets the weight slice for dh and the hidden states
+  for dW, both matmuls whose transposed operand is a row-major copy (`layers.transposed` for
+  lower-precision operands). Why the vocabulary outermost: each weight slice is cast once, and
+  each slice's dW is summed over the chunks in a slice-sized accumulator and handed out as the
+  scan's output, in the head's own layout, so no [V, D] float32 accumulator is zeroed, updated in
+  place per slice or transposed: at a 49k vocabulary those passes over [V, D] took about as long
+  as the slices' products (benchmarks/update_rate.py --parts=head)."""
   h_kbcd, w_split, tgt_kbc, lse_kbc, ent_kbc = residuals
   glogp_kbc, gent_kbc = cotangents
-  _, b, c, d = h_kbcd.shape
+  k, b, c, d = h_kbcd.shape
+  m, n = b * c, g.shards * g.vc
+  rows = tuple(x.reshape(k, m) for x in (tgt_kbc, lse_kbc, ent_kbc, glogp_kbc, gent_kbc))
+  # Lower-precision operands: a row-major copy of the transposed operand (`layers.transposed`;
+  # the plain transpose crashed XLA:CPU where a loop had one trip). float32 ones: the plain
+  # transposes, and the products in the form they had before (the same float32 sums).
+  f32 = g.operand_dtype == jnp.float32
+  h_kmd = h_kbcd.reshape(k, m, d)
+  # Each chunk's h^T, once for all slices (a [K, 0, M] stand-in where no product takes it).
+  if f32:
+    h_kdm = h_kmd.transpose(0, 2, 1)
+  elif g.vocab_axis == 1:
+    h_kdm = jax.vmap(layers.transposed)(h_kmd)
+  else:
+    h_kdm = jnp.zeros((k, 0, m), h_kmd.dtype)
+  col = lambda x_m: x_m[..., None, None]
+  dw_shape = (n, d) if g.vocab_axis == 0 else (d, n)
 
-  def chunk(dw, args):
-    h_bcd, tgt_bc, lse_bc, ent_bc, glogp_bc, gent_bc = args
-    h_dm = h_bcd.reshape(b * c, d).T
-    col = lambda x_bc: x_bc[..., None, None]
+  def vocab_step(dh_kmd, i):
+    start = g.start(i)
+    w_mat = g.slice_matrix(w_split, start)
+    local_v, fresh_v = g.columns(i, start)
 
-    def vocab_step(carry, i):
-      dh_bcd, dw = carry
-      z_bcsv, w_slice, start, local_v, fresh_v = g.logits(h_bcd, w_split, i)
-      p_bcsv = jnp.where(fresh_v, jnp.exp(z_bcsv - col(lse_bc)), 0.0)
-      hit_bcsv = g.hits(tgt_bc, local_v, fresh_v)
-      dz_bcsv = (col(glogp_bc) * (hit_bcsv - p_bcsv)
-                 - col(gent_bc) * p_bcsv * (z_bcsv - col(lse_bc) + col(ent_bc)))
-      dz_bcsv = (dz_bcsv * g.inv_temp).astype(g.operand_dtype)
-      dh_bcd += jnp.einsum(f"bcsv,{g.w_axes}->bcd", dz_bcsv, w_slice,
-                           preferred_element_type=jnp.float32)
-      dw_dsv = jnp.einsum("dm,msv->dsv", h_dm, dz_bcsv.reshape(b * c, g.shards, g.vc),
-                          preferred_element_type=jnp.float32)
-      dw_slice = dw_dsv.transpose(1, 2, 0) if g.vocab_axis == 0 else dw_dsv  # w_split's layout
-      # The shifted last slice's stale columns have dz = 0: adding is exact.
-      old = jax.lax.dynamic_slice_in_dim(dw, start, g.vc, axis=g.slice_axis)
-      dw = jax.lax.dynamic_update_slice_in_dim(dw, old + dw_slice, start, axis=g.slice_axis)
-      return (dh_bcd, dw), None
+    def chunk_step(dw_slice, args):
+      h_md, h_dm, tgt_m, lse_m, ent_m, glogp_m, gent_m = args
+      z_msv = g.logits(h_md, w_mat)
+      p_msv = jnp.where(fresh_v, jnp.exp(z_msv - col(lse_m)), 0.0)
+      hit_msv = g.hits(tgt_m, local_v, fresh_v)
+      dz_msv = (col(glogp_m) * (hit_msv - p_msv)
+                - col(gent_m) * p_msv * (z_msv - col(lse_m) + col(ent_m)))
+      dz_mn = (dz_msv * g.inv_temp).astype(g.operand_dtype).reshape(m, n)
+      if g.vocab_axis == 0:  # dW [S*Vc, D] = dz^T h, dh = dz W
+        if f32:
+          dw_slice += jnp.einsum("dm,msv->dsv", h_dm, dz_mn.reshape(m, g.shards, g.vc)
+                                 ).transpose(1, 2, 0).reshape(n, d)
+        else:  # the transposed operand is dz: its copy is smaller than one of the product
+          dw_slice += jnp.dot(layers.transposed(dz_mn), h_md, preferred_element_type=jnp.float32)
+        dh_md = jnp.dot(dz_mn, w_mat, preferred_element_type=jnp.float32)
+      else:  # dW [D, S*Vc] = h^T dz, dh = dz W^T
+        dw_slice += jnp.dot(h_dm, dz_mn, preferred_element_type=jnp.float32)
+        dh_md = jnp.einsum("mn,dn->md", dz_mn, w_mat, preferred_element_type=jnp.float32)
+      return dw_slice, dh_md
 
-    init = (jnp.zeros(h_bcd.shape, jnp.float32), dw)
-    (dh_bcd, dw), _ = jax.lax.scan(vocab_step, init, jnp.arange(g.n_vocab))
-    return dw, dh_bcd.astype(h_kbcd.dtype)
+    dw_slice, dh_i_kmd = jax.lax.scan(chunk_step, jnp.zeros(dw_shape, jnp.float32),
+                                      (h_kmd, h_kdm) + rows)
+    return dh_kmd + dh_i_kmd, dw_slice
 
-  dw, dh_kbcd = jax.lax.scan(
-      chunk, jnp.zeros(w_split.shape, jnp.float32),
-      (h_kbcd, tgt_kbc, lse_kbc, ent_kbc, glogp_kbc, gent_kbc))
-  return dh_kbcd, dw.astype(w_split.dtype), None
+  dh_kmd, dw_slices = jax.lax.scan(vocab_step, jnp.zeros((k, m, d), jnp.float32),
+                                   jnp.arange(g.n_vocab))
+  return (dh_kmd.reshape(k, b, c, d).astype(h_kbcd.dtype),
+          _assemble(g, dw_slices).astype(w_split.dtype), None)
+
+
+def _assemble(g: _Chunks, dw_slices: jax.Array) -> jax.Array:
+  """The head's gradient in `w_split`'s layout from the slices' [n_vocab, S*Vc, D] (vocab_axis
+  0) or [n_vocab, D, S*Vc] (1). A shifted last slice contributes only its fresh columns (its
+  others are zero: they were the slice before's). One slice and one shard: a free reshape."""
+  nv, vc, s = g.n_vocab, g.vc, g.shards
+  if g.vocab_axis == 0:
+    d = dw_slices.shape[-1]
+    dw = dw_slices.reshape(nv, s, vc, d).transpose(1, 0, 2, 3).reshape(s, nv * vc, d)
+  else:
+    d = dw_slices.shape[1]
+    dw = dw_slices.reshape(nv, d, s, vc).transpose(1, 2, 0, 3).reshape(d, s, nv * vc)
+  stale = nv * vc - g.vs
+  if stale:
+    axis = g.slice_axis
+    head = jax.lax.slice_in_dim(dw, 0, (nv - 1) * vc, axis=axis)
+    tail = jax.lax.slice_in_dim(dw, (nv - 1) * vc + stale, nv * vc, axis=axis)
+    dw = jnp.concatenate([head, tail], axis=axis)
+  return dw
 
 
 _chunks.defvjp(_chunks_fwd, _chunks_bwd)
 
 
 def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | None = None,
-                   temperature: float = 1.0, seq_chunk: int = DEFAULT_SEQ_CHUNK,
+                   temperature: float = 1.0, seq_chunk: int | None = None,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
   """Per-token log-probs and entropies of `tokens` under `llama` at `temperature`, float32 [B, T].
 

@@ -168,14 +168,18 @@ def test_mlp_gradients_match_torch_autograd():
 
 @pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
 def test_swiglu_backward_equals_autodiff(matmul_dtype):
-  """The hand-written backward equals JAX's autodiff of the same forward (the products as
-  `layers.project` computes them), also with bfloat16 operands and float32 accumulation."""
+  """The hand-written backward equals JAX's autodiff of the same forward, also with bfloat16
+  operands and float32 accumulation (tests/model/test_matmul_layouts.py checks that case against
+  the rounded operands' products at bfloat16's own tolerance)."""
   x, dy = jnp.asarray(_x(B, T, 64)), jnp.asarray(_x(B, T, 64, seed=1))
   ws = [jnp.asarray(_x(*shape, seed=s) * 0.1) for s, shape in
         enumerate([(64, 96), (64, 96), (96, 64)], start=2)]
-  plain = lambda x, g, u, d: layers.project(
-      jax.nn.silu(layers.project(x, g, jnp.float32, matmul_dtype))
-      * layers.project(x, u, jnp.float32, matmul_dtype), d, jnp.float32, matmul_dtype)
+  if matmul_dtype is None:
+    mm = lambda a, w: a @ w
+  else:  # `layers.project`'s product, differentiated by JAX
+    mm = lambda a, w: jnp.einsum("...d,df->...f", a.astype(matmul_dtype), w.astype(matmul_dtype),
+                                 preferred_element_type=jnp.float32)
+  plain = lambda x, g, u, d: mm(jax.nn.silu(mm(x, g)) * mm(x, u), d)
   fused = lambda x, g, u, d: layers.swiglu(x, g, u, d, jnp.float32, matmul_dtype)
   np.testing.assert_array_equal(fused(x, *ws), plain(x, *ws))
   grads = lambda f: jax.grad(lambda *a: (f(*a) * dy).sum(), argnums=(0, 1, 2, 3))(x, *ws)
