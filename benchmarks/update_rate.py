@@ -226,17 +226,20 @@ def part_kernels(rows: int, matmul_dtypes, repeats: int) -> None:
         f"{out['attention'][2]['float32']:.0%} of the float32 dense rate", flush=True)
 
 
-def model_children(args, package_root: str | None, tag: str) -> None:
-  """The model part, each matmul dtype and row count in its own child process (the package at
-  `package_root`, or this tree's): one configuration's buffers are handed back before the next
-  one's (the entry points' allocator keeps what a process frees)."""
+def model_children(args, baseline_root: str | None) -> None:
+  """The model part, each matmul dtype and row count in its own child process: one
+  configuration's buffers are handed back before the next one's (the entry points' allocator
+  keeps what a process frees). With a baseline, its child runs just before this tree's for the
+  same configuration, so that both meet much the same load on a shared machine."""
   for matmul_dtype in args.matmul_dtypes.split(","):
     for rows in args.rows.split(","):
       child = [sys.executable, os.path.abspath(__file__), "--parts=model", "--child",
                f"--rows={rows}", f"--matmul_dtypes={matmul_dtype}", f"--columns={args.columns}",
-               f"--repeats={args.repeats}", f"--tag={tag}"]
-      subprocess.run(child + ([f"--package_root={package_root}"] if package_root else []),
-                     check=True)
+               f"--repeats={args.repeats}"]
+      if baseline_root:
+        subprocess.run(child + [f"--package_root={baseline_root}", f"--tag=[{args.baseline}] "],
+                       check=True)
+      subprocess.run(child, check=True)
 
 
 def with_baseline(rev: str, fn) -> None:
@@ -273,8 +276,9 @@ def main() -> None:
         flush=True)
   if "model" in parts:
     if args.baseline:
-      with_baseline(args.baseline, lambda root: model_children(args, root, f"[{args.baseline}] "))
-    model_children(args, None, "")
+      with_baseline(args.baseline, lambda root: model_children(args, root))
+    else:
+      model_children(args, None)
   if "head" in parts:
     part_head(max(int(r) for r in args.rows.split(",")), args.columns, dtypes, args.repeats)
   if "kernels" in parts:
