@@ -22,6 +22,7 @@ from their group's weight).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -116,6 +117,11 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
       else:
         local, padding = np.arange(len(minibatch)), np.zeros(len(minibatch), bool)
         kept_rows += len(minibatch)
+      if use_sparse and not selection.kept:  # no row has a weight: a zero gradient
+        state, metrics = updater.zero_step(state)
+        totals = _add_totals(totals, metrics)
+        optimizer_steps += 1
+        continue
       micro = _micro_size(len(local), cfg.micro_batch_size, shards)
       local, extra = _padded_rows(local, micro)
       padding = np.concatenate([padding, extra[len(padding):]])  # the rows _padded_rows added
@@ -135,12 +141,19 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
           is_weight=is_weight_r[rows] if is_weight_r is not None else None)
       batch = updater.place(batch.split(micro))
       state, metrics = updater.step(state, batch, rollout.prompt_len)
-      for name, value in jax.device_get(metrics).items():
-        before = totals.get(name, 0.0)  # a "_max" metric is maxed, the others summed
-        totals[name] = max(before, float(value)) if name.endswith("_max") else before + float(value)
+      totals = _add_totals(totals, metrics)
       optimizer_steps += 1
   return state, summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,
                           use_sparse)
+
+
+def _add_totals(totals: dict[str, float], metrics: Mapping[str, Any]) -> dict[str, float]:
+  """An optimizer step's metric sums added to the step's totals ("_max" metrics maxed)."""
+  out = dict(totals)
+  for name, value in jax.device_get(metrics).items():
+    before = out.get(name, 0.0)
+    out[name] = max(before, float(value)) if name.endswith("_max") else before + float(value)
+  return out
 
 
 def summarize(totals: Mapping[str, float], steps: int, kept_rows: int, rows: int,

@@ -142,6 +142,7 @@ class Updater:
     self._replicated = NamedSharding(mesh, P())
     self._steps: dict[Any, Callable] = {}
     self._forwards: dict[Any, Callable] = {}
+    self._zero_step: Callable | None = None
 
   # -- state -----------------------------------------------------------------------------------
 
@@ -204,6 +205,49 @@ class Updater:
     if key not in self._steps:
       self._steps[key] = self._build_step(state, batch, prompt_len)
     return self._steps[key]
+
+  def metric_names(self) -> tuple[str, ...]:
+    """The metric sums a step of this loss reports (`loss_and_metrics`'s, then the step's)."""
+    cfg = self.loss
+    names = ["tokens", "pg_loss", "is_weight_sum", "is_weight_max", "log_ratio_abs_sum", "loss"]
+    if cfg.algorithm != "pg":
+      names.append("clipped_tokens")
+    if cfg.group_is or cfg.is_cap is not None:
+      names.append("is_truncated_tokens")
+    if cfg.algorithm == "ppo":
+      names += ["value_loss", "value_clipped", "value_rows"]
+    if cfg.kl_coef > 0:
+      names.append("kl_loss")
+    return (*names, "grad_norm", "finite")
+
+  def zero_step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The optimizer step of a sparse mini-batch none of whose rows has a non-zero weight.
+
+    With sparse updates every loss term is a row's weight times its terms (`LossSpec.use_sparse`
+    rules out the value loss and the KL penalty), so such a step's gradient is exactly zero: its
+    forward and backward over padding rows would compute nothing but zeros. This program applies
+    the optimizer to a zero gradient instead (AdamW still moves the weights by its moments and
+    the schedule advances, as in the padded step) and reports the padded step's metrics, zeros
+    and finite = 1. One program for every such step, whatever the batch shape."""
+    if not self.loss.use_sparse:
+      raise ValueError("zero_step is the sparse update's: a dense loss term reads every row")
+    if self._zero_step is None:
+      optimizer, names = self.optimizer, self.metric_names()
+
+      def update(state: TrainState):
+        grads = jax.tree.map(jnp.zeros_like, state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        new_state = TrainState(params=optax.apply_updates(state.params, updates),
+                               opt_state=opt_state, step=state.step + 1, skipped=state.skipped,
+                               rng=state.rng)
+        metrics = {name: jnp.zeros((), jnp.float32) for name in names}
+        metrics["finite"] = jnp.ones((), jnp.float32)
+        return new_state, metrics
+
+      shardings = jax.tree.map(lambda x: x.sharding, state)
+      self._zero_step = jax.jit(update, in_shardings=(shardings,),
+                                out_shardings=(shardings, self._replicated), donate_argnums=(0,))
+    return self._zero_step(state)
 
   def _build_step(self, state: TrainState, batch, prompt_len: int):
     graphdef, optimizer, cfg, temperature = (self.graphdef, self.optimizer, self.loss,

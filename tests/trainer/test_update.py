@@ -10,6 +10,7 @@ import importlib.util
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -149,6 +150,93 @@ def test_sparse_update_equals_dense():
   assert max_abs_diff(dense[0], dense[1].params) > 1e-4  # the update did something
   np.testing.assert_allclose(sparse_[2]["loss/total"], dense[2]["loss/total"], rtol=1e-5,
                              atol=1e-7)
+
+
+@pytest.mark.parametrize("algorithm", ["pg", "dr_grpo"])
+def test_a_sparse_step_without_signal_is_the_dense_step_without_its_backward(algorithm,
+                                                                             monkeypatch):
+  """Every group all correct or all wrong: the weights are all zero, and the sparse update applies
+  the optimizer to a zero gradient without running the model, as the dense update does with its
+  backward. AdamW's moments from a first step with signal still move the weights."""
+  signal = np.ones((4, 8), int)
+  signal[0, 5] = signal[2, 0] = 0
+  none = np.ones((4, 8), int)
+  none[1] = 0  # all correct; the other groups all wrong
+  ends = {}
+  for sparse_updates in (False, True):
+    config = _pass_at_k_config(sparse_updates=sparse_updates, algorithm=algorithm)
+    spec = spec_lib.from_config(config)
+    updater, state = make_updater(spec, tiny_llama(), model.make_mesh((1, 1, 1)))
+    runs = []  # the model's update programs called, per learn
+    monkeypatch.setattr(updater, "step", lambda *a, step=updater.step: runs.append(1) or step(*a))
+    seen = []
+    for answers in (signal, none):
+      batch = fake_rollout(4, 8, answer_ids=answers)
+      adv = spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn).reshape(-1)
+      runs.clear()
+      before = jax.tree.map(np.asarray, state.params)
+      state, metrics = learner.learn(updater, state, batch, adv, np.asarray(jax.random.PRNGKey(0)))
+      seen.append(len(runs))
+    assert not adv.any() and max_abs_diff(before, state.params) > 0  # the moments moved them
+    assert metrics["optim/steps"] == 1 and metrics["optim/skipped_steps"] == 0
+    assert metrics["loss/total"] == 0 and metrics["optim/grad_norm"] == 0
+    assert int(state.step) == 2
+    ends[sparse_updates] = state, metrics, seen
+  (dense, dense_metrics, _), (sparse_, sparse_metrics, seen) = ends[False], ends[True]
+  assert seen == [1, 0]  # the no-signal step ran no forward or backward
+  assert sparse_metrics["update/rows_fraction"] == 0
+  assert max_abs_diff(dense.params, sparse_.params) < 1e-5  # as sparse == dense above
+  assert set(dense_metrics) - {"update/rows_fraction"} == (
+      set(sparse_metrics) - {"update/rows_fraction"})
+
+
+def test_the_zero_step_is_the_padded_step_it_replaces():
+  """From one state with AdamW moments, the zero-gradient program and the update program on a
+  batch of padding rows (zero token weights and advantages) give the same state and metrics."""
+  spec = spec_lib.from_config(_pass_at_k_config())
+  updater, state = make_updater(spec, tiny_llama(), model.make_mesh((1, 1, 1)))
+  answers = np.ones((4, 8), int)
+  answers[0, 5] = 0
+  batch = fake_rollout(4, 8, answer_ids=answers)
+  adv = spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn).reshape(-1)
+  state, _ = learner.learn(updater, state, batch, adv, np.asarray(jax.random.PRNGKey(0)))
+  copy = jax.tree.map(jnp.copy, state)  # each program donates its input
+  rows = np.zeros(8, np.int64)
+  padded = update.MicroBatch(
+      tokens=batch.tokens_rt[rows], attention_mask=batch.attention_mask_rt[rows],
+      token_weight=np.zeros((8, batch.tokens_rt.shape[1]), np.float32),
+      behaviour_logp=batch.behaviour_logp_rt[rows], advantage=np.zeros(8, np.float32),
+      old_logp=None, old_value=None, value_weight=None, ref_logp=None, is_weight=None)
+  stepped, step_metrics = updater.step(state, updater.place(padded.split(8)), batch.prompt_len)
+  zeroed, zero_metrics = updater.zero_step(copy)
+  # The same optimizer arithmetic on the same zeros (bitwise on an AMX Xeon); a rounding step of
+  # slack for a CPU whose compiler fuses the two programs differently.
+  assert max_abs_diff(stepped, zeroed) <= 1e-7
+  assert jax.device_get(step_metrics) == jax.device_get(zero_metrics)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"algorithm": "dr_grpo"}, {"is_cap": 2.0},
+                                       {"algorithm": "ppo"}, {"kl_coef": 0.1}])
+def test_the_updater_names_the_metrics_its_steps_report(overrides):
+  config = _pass_at_k_config(**overrides)
+  spec = spec_lib.from_config(config)
+  updater, state = make_updater(spec, tiny_llama(value_head=config.algorithm == "ppo"),
+                                model.make_mesh((1, 1, 1)))
+  batch = fake_rollout(4, 8)
+  rows = np.arange(32)
+  micro = update.MicroBatch(
+      tokens=batch.tokens_rt[rows], attention_mask=batch.attention_mask_rt[rows],
+      token_weight=batch.completion_mask_rt[rows].astype(np.float32),
+      behaviour_logp=batch.behaviour_logp_rt[rows], advantage=np.ones(32, np.float32),
+      old_logp=batch.behaviour_logp_rt[rows] if spec.loss.clipped else None,
+      old_value=np.zeros(32, np.float32) if config.algorithm == "ppo" else None,
+      value_weight=np.ones(32, np.float32) if config.algorithm == "ppo" else None,
+      ref_logp=batch.behaviour_logp_rt[rows] if config.kl_coef > 0 else None, is_weight=None)
+  _, metrics = updater.step(state, updater.place(micro.split(32)), batch.prompt_len)
+  assert sorted(metrics) == sorted(updater.metric_names())
+  if not spec.loss.use_sparse:
+    with pytest.raises(ValueError, match="sparse"):
+      updater.zero_step(state)
 
 
 def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
