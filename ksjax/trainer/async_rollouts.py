@@ -40,7 +40,7 @@ more steps continues exactly as one run would; the price is L rollouts sampled a
 the end of a run.
 
 The rollouts file holds data only, so that a run directory (copied, shared, downloaded) cannot
-run code in the process that resumes from it: a header line `ksjax-rollouts 2 sha256 <hex>`, then
+run code in the process that resumes from it: a header line `ksjax-rollouts 3 sha256 <hex>`, then
 an npz archive (`np.savez`, read back with `allow_pickle=False`) whose member "structure" is UTF-8
 JSON, {"step": s, "objects": [...], "pending": [{"step", "params_step", "result"}, ...]}, and
 whose other members, "0", "1", ..., are the arrays it names. In the JSON, null, booleans, ints,
@@ -55,7 +55,8 @@ once and read back as one. That is all a step's rollout holds: arrays, prompts (
 is task data: strings, numbers, lists and dicts of them) and the worker's seconds per phase. A
 value of any other type fails the save by name instead of being written in a form whose reading
 would run code; a file of any other form is refused by name, unread, the pickled `<step>.pkl` that
-ksjax wrote before this format included.
+ksjax wrote before this format included. So is a file of format 2, whose `Drawn`s lack the k their
+weights were computed with (`Drawn.k`, which the step logs).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ _PICKLED_SUFFIX = ".pkl"  # what ksjax wrote before the data-only format: refuse
 # beside them, written at the same step, so it carries its own digest. The digest detects damage,
 # not tampering (whoever can edit the file can edit the digest too): that the file cannot run
 # code comes from its format, data only (module docstring).
-_HEADER = b"ksjax-rollouts 2 sha256 "
+_HEADER = b"ksjax-rollouts 3 sha256 "
+_FORMAT_2 = b"ksjax-rollouts 2 "  # format 3 less each step's k: refused by name
 _STRUCTURE = "structure"  # the npz member holding the JSON; the arrays are "0", "1", ...
 # The only classes a rollouts file can make, by name: what a step's rollout is built of.
 _CLASSES: dict[str, type] = {"Drawn": draw_lib.Drawn, "Rollout": Rollout, "Prompt": Prompt}
@@ -167,7 +169,8 @@ class Rollouts:
   docstring), on a worker thread.
 
   Args:
-    draw: samples one step (prompts from the data stream, `ksjax.trainer.draw.draw_step`).
+    draw: samples one step (the lockstep loop's `StepSampler.draw`: prompts from the data stream,
+      `ksjax.trainer.draw.draw_step`).
     graphdef: the policy's graph (the sampler merges pushed parameters into it).
     max_lag: L >= 1.
     mesh: where the sampler runs (its own sub-mesh, or the learner's).
@@ -390,6 +393,11 @@ def load_pending(workdir: str, step: int) -> list[Pending] | None:
   with open(path, "rb") as f:
     raw = f.read()
   head, _, payload = raw.partition(b"\n")
+  if head.startswith(_FORMAT_2):
+    raise CheckpointInputError(
+        f"{path}: rollouts of format 2, written by an earlier ksjax, are not accepted (their "
+        "steps do not record the k their weights were computed with); expected format 3. Delete "
+        f"it to resume from step {step} with rollouts sampled afresh (not an exact resume)")
   if not head.startswith(_HEADER):
     raise ChecksumError(f"{path}: not a ksjax rollouts file (no '{_HEADER.decode().strip()}' "
                         f"header){fix}")

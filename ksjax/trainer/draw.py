@@ -188,6 +188,8 @@ class Drawn:
     update_advantage_r: float32 [rows of `update`], 0 on padding rows.
     rounds: sampler rounds made.
     prompts_consumed: prompts drawn from the data stream.
+    k: the k of `advantage_bn` (config.k_schedule's at the step), carried with the samples so
+      that what the step logs is what its weights used, however far ahead it was drawn.
   """
   sampled: Rollout
   advantage_bn: np.ndarray
@@ -196,6 +198,7 @@ class Drawn:
   update_advantage_r: np.ndarray
   rounds: int
   prompts_consumed: int
+  k: int
 
   @property
   def kept_rows(self) -> int:
@@ -216,13 +219,14 @@ class Drawn:
     return out
 
 
-def draw_step(draw: Callable[[int], tuple[Rollout, np.ndarray]], *, target: int, enabled: bool,
-              max_rounds: int, multiple: int = 1) -> Drawn:
+def draw_step(draw: Callable[[int], tuple[Rollout, np.ndarray]], *, k: int, target: int,
+              enabled: bool, max_rounds: int, multiple: int = 1) -> Drawn:
   """A step's rounds of sampling and the groups its update keeps.
 
   Args:
-    draw: round index -> (rollout of one sampler batch, its k-sample weights [B, n]); it draws the
-      round's prompts from the data stream and samples with `round_seed(key, round)`.
+    draw: round index -> (rollout of one sampler batch, its k-sample weights [B, n] for `k`); it
+      draws the round's prompts from the data stream and samples with `round_seed(key, round)`.
+    k: the k the step's weights are computed with, recorded on the `Drawn`.
     target: B, the groups an update wants (batch_prompts).
     enabled: dynamic sampling; off, one round and every group, unpadded.
     max_rounds: the cap on rounds (config.dynamic_max_rounds).
@@ -242,11 +246,12 @@ def draw_step(draw: Callable[[int], tuple[Rollout, np.ndarray]], *, target: int,
   prompts = sum(len(r.prompts) for r in rollouts)
   if not enabled:
     return Drawn(sampled, advantage_bn, np.arange(len(advantage_bn)), sampled,
-                 advantage_bn.reshape(-1), len(rollouts), prompts)
+                 advantage_bn.reshape(-1), len(rollouts), prompts, k)
   chosen = choose(signals, target)
   size = bucket_groups(len(chosen), target, multiple) if len(chosen) else 0
   update = take_groups(sampled, chosen, size) if len(chosen) else sampled
   n = sampled.num_samples
   update_advantage_r = np.zeros(size * n, np.float32)
   update_advantage_r[:len(chosen) * n] = advantage_bn[chosen].reshape(-1)
-  return Drawn(sampled, advantage_bn, chosen, update, update_advantage_r, len(rollouts), prompts)
+  return Drawn(sampled, advantage_bn, chosen, update, update_advantage_r, len(rollouts), prompts,
+               k)

@@ -36,7 +36,6 @@ The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here re
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import resource
 import shutil
@@ -185,22 +184,21 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   bar = metrics.ProgressBar(spec.run.num_steps, step, enabled=spec.run.progress_bar)
   compiles = metrics.CompileCounter()
   # Dynamic sampling pads the kept groups to whole mini-batches over the batch shards.
-  group_multiple = draw_lib.group_multiple(s.n, spec.loss.num_minibatches * batch_shards)
+  sampler = StepSampler(spec, task, data_iterator,
+                        draw_lib.group_multiple(s.n, spec.loss.num_minibatches * batch_shards))
   first_step = step
-  draw_step = functools.partial(_draw_step, spec, task, data_iterator, multiple=group_multiple)
   ahead = None  # lockstep; with config.max_lag, the rollouts sampled ahead (`async_rollouts`)
   if s.max_lag:
-    ahead = _rollouts_ahead(spec, draw_step, graphdef, sampler_mesh or mesh, state, step,
-                            run_dir, resumed)
+    ahead = _rollouts_ahead(spec, sampler, graphdef, sampler_mesh or mesh, state, step, run_dir,
+                            resumed)
   try:
     while step < spec.run.num_steps and not over:
       timer = Timer()
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
-      k_now = e.k_at(step)  # config.k_schedule: the k this step optimises
       worker_seconds = None
       if ahead is None:
         state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
-        drawn = draw_step(step, nnx.merge(graphdef, state.params), sample_key, mesh, timer)
+        drawn = sampler.draw(step, nnx.merge(graphdef, state.params), sample_key, mesh, timer)
       else:
         ahead.push(step, state.params)  # before the update donates them
         state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
@@ -236,7 +234,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
         scalars["time/probe"] = time.perf_counter() - probe_wall
         budget.before -= cpu_seconds() - probe_cpu
       scalars.update(compiles.take())
-      scalars["objective/k"] = float(k_now)
+      scalars["objective/k"] = float(drawn.k)  # the k its weights used
       scalars["time/cpu_seconds"] = used = budget.used()
       over = budget.spent(used)
       last = step == spec.run.num_steps or over
@@ -352,47 +350,63 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 
-def _rollouts_ahead(spec: TrainSpec, draw_step, graphdef, sampler_mesh, state, step: int,
-                    run_dir: RunDirectory, resumed: bool) -> async_rollouts.Rollouts:
-  """The worker sampling config.max_lag steps ahead, with the rollouts the checkpoint saved."""
+def _rollouts_ahead(spec: TrainSpec, sampler: StepSampler, graphdef, sampler_mesh, state,
+                    step: int, run_dir: RunDirectory, resumed: bool) -> async_rollouts.Rollouts:
+  """The worker sampling config.max_lag steps ahead through `sampler`, the lockstep loop's own
+  draw, with the rollouts the checkpoint saved."""
   restored = async_rollouts.load_pending(run_dir.workdir, step) if resumed else None
   if resumed and restored is None:
     _say(f"warning: checkpoint {step} saved no rollouts sampled ahead; the next "
          f"{spec.sampling.max_lag} steps sample with the parameters of step {step}")
 
-  def draw(s: int, sampler_params, sample_key, mesh):
+  def draw(s: int, policy, sample_key, mesh):
     timer = Timer()
-    drawn = draw_step(s, sampler_params, sample_key, mesh, timer)
+    drawn = sampler.draw(s, policy, sample_key, mesh, timer)
     return drawn, timer.seconds
 
   return async_rollouts.Rollouts(draw, graphdef, max_lag=spec.sampling.max_lag, mesh=sampler_mesh,
                                  rng=state.rng, step=step, restored=restored or [])
 
 
-def _draw_step(spec: TrainSpec, task, data_iterator, step: int, sampler, sample_key: jax.Array,
-               mesh, timer: Timer, *, multiple: int) -> draw_lib.Drawn:
-  """Step `step`'s completions from `sampler` (a policy on `mesh`), scored, with their k-sample
-  weights. Dynamic sampling off: one round, every group; on: rounds until B groups with signal
-  (`trainer.draw`)."""
-  s = spec.sampling
-  draw = functools.partial(_sample_round, spec, sampler, task, data_iterator,
-                           sample_key=sample_key, k=spec.estimator.k_at(step), mesh=mesh,
-                           timer=timer)
-  return draw_lib.draw_step(draw, target=s.batch_prompts, enabled=s.dynamic_sampling,
-                            max_rounds=s.dynamic_max_rounds, multiple=multiple)
+@dataclasses.dataclass(frozen=True)
+class StepSampler:
+  """How a step is sampled: prompts from the data stream, completions scored by the task, their
+  k-sample weights. The lockstep loop and the asynchronous worker (`async_rollouts.Rollouts`)
+  both draw through `draw`, so a step's prompts, seeds and k do not depend on which drew it.
 
+  Attributes:
+    spec: the run's spec (its sampling and estimator).
+    task: scores completions.
+    data_iterator: the checkpointed prompt stream, read in step order.
+    group_multiple: the group multiple of a padded dynamic-sampling batch
+      (`draw_lib.group_multiple`).
+  """
+  spec: TrainSpec
+  task: Any
+  data_iterator: Any
+  group_multiple: int
 
-def _sample_round(spec: TrainSpec, sampler, task, data_iterator, round_index: int, *,
-                  sample_key: jax.Array, k: int, mesh, timer: Timer):
-  """One round of a step's sampling: B prompts from the stream, n completions of each from
-  `sampler` with the round's seed (`draw_lib.round_seed`), and their k-sample weights [B, n]."""
-  prompts = distributed.gather_list(next(data_iterator))  # every host's share, in order
-  timer.lap("time/other")
-  batch = rollout.collect(sampler, task, prompts, spec.sampling,
-                          seed=draw_lib.round_seed(sample_key, round_index), mesh=mesh,
-                          sampled=lambda: timer.lap("time/sampling"))
-  timer.lap("time/reward")
-  return batch, spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn, k=k)
+  def draw(self, step: int, policy, sample_key: jax.Array, mesh, timer: Timer) -> draw_lib.Drawn:
+    """Step `step`'s completions from `policy` (on `mesh`), scored, with their k-sample weights
+    for the step's k, which the `Drawn` carries. Dynamic sampling off: one round, every group;
+    on: rounds until B groups with signal (`trainer.draw`)."""
+    s, estimator = self.spec.sampling, self.spec.estimator
+    k = estimator.k_at(step)  # config.k_schedule: the k this step optimises
+
+    def sample_round(round_index: int):
+      """B prompts from the stream, n completions of each with the round's seed
+      (`draw_lib.round_seed`), and their k-sample weights [B, n]."""
+      prompts = distributed.gather_list(next(self.data_iterator))  # every host's share, in order
+      timer.lap("time/other")
+      batch = rollout.collect(policy, self.task, prompts, s,
+                              seed=draw_lib.round_seed(sample_key, round_index), mesh=mesh,
+                              sampled=lambda: timer.lap("time/sampling"))
+      timer.lap("time/reward")
+      return batch, estimator.advantages(batch.rewards_bn, batch.answer_ids_bn, k=k)
+
+    return draw_lib.draw_step(sample_round, k=k, target=s.batch_prompts,
+                              enabled=s.dynamic_sampling, max_rounds=s.dynamic_max_rounds,
+                              multiple=self.group_multiple)
 
 
 def _step_scalars(spec: TrainSpec, drawn: draw_lib.Drawn, ref_logp_rt: np.ndarray | None,

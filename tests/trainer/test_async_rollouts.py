@@ -297,7 +297,7 @@ def _drawn() -> draw_lib.Drawn:
   update = draw_lib.take_groups(sampled, np.asarray([0]), 2)  # group 0, then a padding copy of it
   return draw_lib.Drawn(sampled, np.asarray([[0.5, -0.5], [0.0, 0.0]], np.float32),
                        np.asarray([0]), update, np.asarray([0.5, -0.5, 0, 0], np.float32), 1,
-                       np.int64(2))
+                       np.int64(2), k=2)
 
 
 def _same(a, b) -> None:
@@ -345,6 +345,21 @@ def test_saved_rollouts_read_back_value_for_value_and_bit_for_bit(tmp_path):
     async_rollouts.save_pending(str(tmp_path), 6, [async_rollouts.Pending(
         6, 5, (np.asarray([None]), {}))], None)
   assert not os.path.exists(async_rollouts.rollouts_path(str(tmp_path), 6))
+
+
+def test_rollouts_of_format_2_whose_steps_carry_no_k_are_refused_by_name(tmp_path):
+  workdir = str(tmp_path)
+  async_rollouts.save_pending(workdir, 6, [async_rollouts.Pending(7, 6, (_drawn(), {}))], None)
+  path = async_rollouts.rollouts_path(workdir, 6)
+  with open(path, "rb") as f:
+    raw = f.read()
+  with open(path, "wb") as f:
+    f.write(raw.replace(b"ksjax-rollouts 3 ", b"ksjax-rollouts 2 ", 1))
+  with pytest.raises(checkpoints.CheckpointInputError, match="rollouts of format 2") as e:
+    async_rollouts.load_pending(workdir, 6)
+  line = str(e.value)
+  assert "\n" not in line and line.startswith(f"{path}: ")
+  assert "Delete it to resume from step 6" in line
 
 
 class _WritesAMarker:

@@ -184,7 +184,7 @@ def scripted_draw(signal_rounds, n=4):
 
 def test_off_one_round_keeps_every_group_in_place():
   draw, calls = scripted_draw([[True, False, False, True]])
-  drawn = draw_lib.draw_step(draw, target=4, enabled=False, max_rounds=3)
+  drawn = draw_lib.draw_step(draw, k=ESTIMATOR.k, target=4, enabled=False, max_rounds=3)
   assert calls == [0] and drawn.rounds == 1 and drawn.prompts_consumed == 4
   assert drawn.update is drawn.sampled  # the very rollout the sampler returned
   np.testing.assert_array_equal(drawn.kept, [0, 1, 2, 3])
@@ -194,7 +194,7 @@ def test_off_one_round_keeps_every_group_in_place():
 def test_on_it_samples_until_the_target_and_keeps_the_first_signal_groups():
   draw, calls = scripted_draw([[True, False, False, False], [False, True, True, False],
                                [True, True, True, True], [True] * 4])
-  drawn = draw_lib.draw_step(draw, target=4, enabled=True, max_rounds=5)
+  drawn = draw_lib.draw_step(draw, k=ESTIMATOR.k, target=4, enabled=True, max_rounds=5)
   assert calls == [0, 1, 2] and drawn.rounds == 3 and drawn.prompts_consumed == 12
   np.testing.assert_array_equal(drawn.kept, [0, 5, 6, 8])  # 9-11 had signal, beyond the target
   assert len(drawn.sampled.prompts) == 12 and drawn.advantage_bn.shape == (12, 4)
@@ -212,17 +212,17 @@ def test_on_it_samples_until_the_target_and_keeps_the_first_signal_groups():
 def test_at_the_cap_the_update_pads_what_it_has_and_with_nothing_makes_none():
   draw, calls = scripted_draw([[False, True, False, False], [False, False, False, True],
                                [True] * 4])
-  drawn = draw_lib.draw_step(draw, target=4, enabled=True, max_rounds=2)
+  drawn = draw_lib.draw_step(draw, k=ESTIMATOR.k, target=4, enabled=True, max_rounds=2)
   assert calls == [0, 1] and drawn.kept_rows == 8
   np.testing.assert_array_equal(drawn.kept, [1, 7])
   assert len(drawn.update.prompts) == 2  # two groups bucket to 2: no padding
-  drawn = draw_lib.draw_step(scripted_draw([[False, True, True, True]])[0], target=4,
-                            enabled=True, max_rounds=1)
+  drawn = draw_lib.draw_step(scripted_draw([[False, True, True, True]])[0], k=ESTIMATOR.k,
+                             target=4, enabled=True, max_rounds=1)
   assert len(drawn.update.prompts) == 4  # three groups bucket to 4: one padding group
   assert not drawn.update.completion_mask_rt[12:].any()
   assert not drawn.update_advantage_r[12:].any() and drawn.update_advantage_r[:12].any()
-  drawn = draw_lib.draw_step(scripted_draw([[False] * 4] * 3)[0], target=4, enabled=True,
-                            max_rounds=3)
+  drawn = draw_lib.draw_step(scripted_draw([[False] * 4] * 3)[0], k=ESTIMATOR.k, target=4,
+                             enabled=True, max_rounds=3)
   assert drawn.rounds == 3 and len(drawn.kept) == 0 and drawn.kept_rows == 0
   m = drawn.metrics()
   assert m["dynamic/kept_fraction"] == 0.0 and "dynamic/sampled_tokens_per_kept_row" not in m

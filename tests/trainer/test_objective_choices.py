@@ -1,6 +1,7 @@
 """The objectives beyond the paper in a run: the mixture over k and the leave-two-out baseline
 through the config, voting without labels (and that the label cannot reach its reward), the
-labelled probe, and the gradient-noise metrics; one tiny run that takes steps with them."""
+labelled probe, and the gradient-noise metrics; one tiny run that takes steps with them; and a k
+schedule's k, logged as the k of the weights each step's update used."""
 
 import dataclasses
 
@@ -14,7 +15,8 @@ from ksjax.run import spec as spec_lib
 from ksjax import sampling
 from ksjax.run.directory import RunDirectory
 from ksjax.tasks import synthetic
-from ksjax.trainer import loop, metrics, probe, rollout
+from ksjax.trainer import learner, loop, metrics, probe, rollout
+from tests.trainer import test_draw
 from tests.trainer.test_run import _tiny_config
 
 
@@ -151,3 +153,30 @@ def test_a_tiny_run_takes_steps_with_a_mixture_without_labels_and_probes(tmp_pat
   assert "probe/pass_at_1" not in lines[0]
   assert 0.0 <= lines[1]["probe/pass_at_1"] <= lines[1]["probe/pass_at_4"] <= 1.0
   assert "probe/maj_at_4" in lines[1] and "probe/level2/pass_at_1" in lines[1]
+
+
+@pytest.mark.parametrize("max_lag", [0, 1])  # lockstep; a worker drawing a step ahead
+def test_each_step_logs_the_k_its_weights_used_under_a_schedule(tmp_path, monkeypatch, max_lag):
+  test_draw.hashed_rewards(monkeypatch)  # groups with signal: weights that depend on k
+  updates = []
+  learn = learner.learn
+
+  def recording_learn(updater, state, batch, advantage_r, *args, **kwargs):
+    updates.append((batch, np.array(advantage_r)))
+    return learn(updater, state, batch, advantage_r, *args, **kwargs)
+
+  monkeypatch.setattr(learner, "learn", recording_learn)
+  config = _tiny_config(tmp_path / "run", num_steps=3, k_schedule="linear", k_start=2,
+                        k_schedule_steps=2, max_lag=max_lag)
+  loop.run(config)
+  estimator = spec_lib.from_config(config).estimator
+  lines = metrics.read_jsonl(RunDirectory(tmp_path / "run").metrics_jsonl)
+  assert [line["objective/k"] for line in lines] == [2.0, 3.0, 4.0]
+  assert len(updates) == len(lines)
+  distinct = False  # whether some step's weights tell its k from the schedule's others
+  for (batch, advantage_r), line in zip(updates, lines):
+    by_k = {k: estimator.advantages(batch.rewards_bn, batch.answer_ids_bn, k=k).reshape(-1)
+            for k in estimator.scheduled_ks()}
+    np.testing.assert_array_equal(advantage_r, by_k[int(line["objective/k"])])
+    distinct |= any(not np.array_equal(advantage_r, other) for other in by_k.values())
+  assert distinct, "the test should see weights that differ between the schedule's ks"
