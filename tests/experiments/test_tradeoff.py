@@ -140,6 +140,9 @@ def _study(out, *extra):
       capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
 
 
+# Slow: the decisive study's quick run (tests/experiments/test_decisive_study.py) is the default
+# suite's end-to-end study through the same mechanics; this file's unit tests keep the report's.
+@pytest.mark.slow
 def test_smoke_study_writes_everything_and_resumes(tmp_path):
   out = tmp_path / "study"
   first = _study(out)
