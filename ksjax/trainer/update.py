@@ -24,6 +24,7 @@ the shared trunk costs one d-vector. Its value-loss gradient reaches the trunk, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ksjax import model
 from ksjax.run.spec import LossSpec, TrainSpec
+from ksjax.trainer import batch as batch_lib
 from ksjax.trainer import losses
 from ksjax.trainer.batch import MicroBatch, row_sharding
 
@@ -123,6 +125,23 @@ def add_metrics(sums: dict, metrics: dict) -> dict:
           for name, value in metrics.items()}
 
 
+def _optimizer_step(optimizer: optax.GradientTransformation, state: TrainState, grads: Any,
+                    sums: dict) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step on a step's summed gradient, kept only where its loss and gradient are
+  finite (else counted as skipped); returns the new state and the metric sums with grad_norm and
+  finite (0/1)."""
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = TrainState(params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state),
+                         step=state.step + 1, skipped=state.skipped + (~finite).astype(jnp.int32),
+                         rng=state.rng)
+  return new_state, {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+
+
 class Updater:
   """Compiled update and forward-only programs for one model structure, optimizer, loss and
   mesh. `build_updater` makes the trainer's; the supervised warm-up makes its own from the same
@@ -206,57 +225,42 @@ class Updater:
       self._steps[key] = self._build_step(state, batch, prompt_len)
     return self._steps[key]
 
-  def metric_names(self) -> tuple[str, ...]:
-    """The metric sums a step of this loss reports (`loss_and_metrics`'s, then the step's)."""
-    cfg = self.loss
-    names = ["tokens", "pg_loss", "is_weight_sum", "is_weight_max", "log_ratio_abs_sum", "loss"]
-    if cfg.algorithm != "pg":
-      names.append("clipped_tokens")
-    if cfg.group_is or cfg.is_cap is not None:
-      names.append("is_truncated_tokens")
-    if cfg.algorithm == "ppo":
-      names += ["value_loss", "value_clipped", "value_rows"]
-    if cfg.kl_coef > 0:
-      names.append("kl_loss")
-    return (*names, "grad_norm", "finite")
-
   def zero_step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
     """The optimizer step of a sparse mini-batch none of whose rows has a non-zero weight.
 
     With sparse updates every loss term is a row's weight times its terms (`LossSpec.use_sparse`
     rules out the value loss and the KL penalty), so such a step's gradient is exactly zero: its
-    forward and backward over padding rows would compute nothing but zeros. This program applies
-    the optimizer to a zero gradient instead (AdamW still moves the weights by its moments and
-    the schedule advances, as in the padded step) and reports the padded step's metrics, zeros
-    and finite = 1. One program for every such step, whatever the batch shape."""
+    forward and backward over padding rows would compute nothing but zeros. This program gives
+    `_optimizer_step` zero gradients and zero metric sums instead (AdamW still moves the weights
+    by its moments and the schedule advances, as in the padded step), so it reports what the
+    padded step reports. One program for every such step, whatever the batch shape."""
     if not self.loss.use_sparse:
       raise ValueError("zero_step is the sparse update's: a dense loss term reads every row")
     if self._zero_step is None:
-      optimizer, names = self.optimizer, self.metric_names()
+      shards = self.batch_shards
+      # The loss's metric names and shapes, traced on a two-token batch (nothing is computed).
+      mb = batch_lib.abstract(self.loss, self.mesh, rows=shards, micro=shards, seq_len=2)
+      sums = jax.eval_shape(lambda p, b: self._micro_loss(p, jax.tree.map(lambda x: x[0], b),
+                                                          prompt_len=1)[1], state.params, mb)
 
       def update(state: TrainState):
-        grads = jax.tree.map(jnp.zeros_like, state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        new_state = TrainState(params=optax.apply_updates(state.params, updates),
-                               opt_state=opt_state, step=state.step + 1, skipped=state.skipped,
-                               rng=state.rng)
-        metrics = {name: jnp.zeros((), jnp.float32) for name in names}
-        metrics["finite"] = jnp.ones((), jnp.float32)
-        return new_state, metrics
+        return _optimizer_step(self.optimizer, state,
+                               jax.tree.map(jnp.zeros_like, state.params),
+                               jax.tree.map(jnp.zeros_like, sums))
 
       shardings = jax.tree.map(lambda x: x.sharding, state)
       self._zero_step = jax.jit(update, in_shardings=(shardings,),
                                 out_shardings=(shardings, self._replicated), donate_argnums=(0,))
     return self._zero_step(state)
 
+  def _micro_loss(self, params, mb: MicroBatch, prompt_len: int):
+    """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings."""
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+      return loss_and_metrics(nnx.merge(self.graphdef, params), mb, self.loss, self.temperature,
+                              prompt_len)
+
   def _build_step(self, state: TrainState, batch, prompt_len: int):
-    graphdef, optimizer, cfg, temperature = (self.graphdef, self.optimizer, self.loss,
-                                             self.temperature)
-
-    def micro_loss(params, mb):
-      with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
-        return loss_and_metrics(nnx.merge(graphdef, params), mb, cfg, temperature, prompt_len)
-
+    micro_loss = functools.partial(self._micro_loss, prompt_len=prompt_len)
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def update(state: TrainState, batch):
@@ -273,16 +277,7 @@ class Updater:
             jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb)[1]))
         zero_grads = jax.tree.map(jnp.zeros_like, state.params)
         (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), batch)
-      grad_norm = optax.tree.norm(grads)
-      finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
-      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-      new_state = TrainState(params=keep(params, state.params),
-                             opt_state=keep(opt_state, state.opt_state),
-                             step=state.step + 1, skipped=state.skipped + (~finite).astype(jnp.int32),
-                             rng=state.rng)
-      return new_state, {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+      return _optimizer_step(self.optimizer, state, grads, sums)
 
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_shardings = jax.tree.map(lambda v: v.sharding, batch)
