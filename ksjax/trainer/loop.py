@@ -39,6 +39,7 @@ import dataclasses
 import os
 import resource
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -88,6 +89,14 @@ def cpu_seconds() -> float:
   own = resource.getrusage(resource.RUSAGE_SELF)
   children = resource.getrusage(resource.RUSAGE_CHILDREN)
   return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def peak_resident_gib() -> float:
+  """This process's peak resident memory so far, in GiB: what the machine had to hold for it,
+  the pages its allocator kept after a free included (the figure that decides whether two runs
+  fit one machine; `benchmarks/peak_memory.py` splits it by allocator setting)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 @dataclasses.dataclass
@@ -155,7 +164,9 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     _say(note)
 
   schedule = spec.optimizer.schedule()
-  graphdef, _ = nnx.split(llama)
+  # The structure alone: a name bound to the loaded parameters would keep them alive beside the
+  # train state's copy for the whole run.
+  graphdef = nnx.graphdef(llama)
   updater = update_lib.build_updater(spec, graphdef, mesh)
   data_iterator = run_tasks.train_iterator(spec.task, task, batch_prompts=spec.sampling.batch_prompts,
                                            seed=spec.run.seed)
@@ -235,6 +246,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
         budget.before -= cpu_seconds() - probe_cpu
       scalars.update(compiles.take())
       scalars["objective/k"] = float(drawn.k)  # the k its weights used
+      scalars["memory/peak_rss_gib"] = peak_resident_gib()
       scalars["time/cpu_seconds"] = used = budget.used()
       over = budget.spent(used)
       last = step == spec.run.num_steps or over

@@ -324,7 +324,7 @@ def _main(workdir, **overrides):
           f"--config.workdir={workdir}"] + _flags({**test_run.TINY, **DYNAMIC, **overrides})
 
 
-VOLATILE = ("time/", "throughput/", "compile/")  # wall-clock numbers differ between runs
+VOLATILE = ("time/", "throughput/", "compile/", "memory/")  # differ between runs
 
 
 @pytest.mark.slow  # a straight run and a killed one; the default suite resumes bitwise without

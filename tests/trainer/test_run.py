@@ -109,6 +109,34 @@ def test_each_step_optimises_the_k_of_the_schedule(tmp_path):
   assert [line["objective/k"] for line in lines] == [2.0, 3.0, 4.0]
 
 
+def test_the_loaded_parameters_are_freed_once_the_train_state_holds_its_own(tmp_path,
+                                                                           monkeypatch):
+  """The policy as loaded is copied into the train state and the reference; nothing may keep
+  the loaded copy as well (a third copy of every weight for the whole run)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import weakref  # pylint: disable=g-import-not-at-top
+  from ksjax.run import policy  # pylint: disable=g-import-not-at-top
+  from ksjax.trainer import learner  # pylint: disable=g-import-not-at-top
+  loaded, alive = [], []
+  build, learn = policy.build_model, learner.learn
+
+  def build_model(*args, **kwargs):
+    llama = build(*args, **kwargs)
+    loaded.extend(weakref.ref(leaf) for leaf in jax.tree.leaves(nnx.state(llama, nnx.Param)))
+    return llama
+
+  def learn_and_look(updater, state, *args, **kwargs):
+    gc.collect()
+    held = {id(leaf) for leaf in jax.tree.leaves(state.params)}
+    alive.append(sum(ref() is not None and id(ref()) not in held for ref in loaded))
+    return learn(updater, state, *args, **kwargs)
+
+  monkeypatch.setattr(policy, "build_model", build_model)
+  monkeypatch.setattr(learner, "learn", learn_and_look)
+  loop.run(_tiny_config(tmp_path / "run", num_steps=2, sparse_updates=False))
+  assert loaded and alive == [0, 0], (len(loaded), alive)
+
+
 def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_path, capsys):
   workdir = tmp_path / "run"
   config = _tiny_config(workdir, num_steps=3, sparse_updates=True, **{
@@ -125,6 +153,9 @@ def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_pat
               "time/sampling", "time/reward", "time/update", "update/rows_fraction"):
     assert key in lines[-1], key
   assert abs(lines[0]["kl/k1"]) < 1e-3  # the first rollout comes from the reference policy
+  # The peak resident memory so far: a process holding a model has some, and it never falls.
+  peaks = [line["memory/peak_rss_gib"] for line in lines]
+  assert 0.05 < peaks[0] <= peaks[1] <= peaks[2] < 64, peaks
   assert any(name.startswith("events.out.tfevents")
              for name in os.listdir(RunDirectory(workdir).tensorboard_dir))
   table = (workdir / "eval_table.txt").read_text()

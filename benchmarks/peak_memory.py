@@ -1,0 +1,103 @@
+"""A run's peak resident memory against its memory plan, under each allocator setting.
+
+    python benchmarks/peak_memory.py [--config=configs/smollm2_mean.py] [--steps=4]
+                                     [--variants=auto,off,threshold] [--prompt_len=128]
+
+In one run, after the CPU line (`ksjax.machine.describe`): the memory plan's per-device peak
+(`python -m ksjax.tools.plan`, what the buffers need), then the trainer itself for --steps RL
+steps in one child process per variant, each with its own fresh work directory and no held-out
+evaluation, and from each child's step log the peak resident memory after every step
+(`memory/peak_rss_gib`, the kernel's high-water mark of the process) beside the update's seconds
+and the share of rows it kept. The variants:
+  auto       the entry points' allocator as shipped (`ksjax.allocator`: jemalloc where the system
+             has it, else glibc on transparent huge pages);
+  off        glibc as it is (KSJAX_MALLOC=off);
+  threshold  glibc on huge pages with a fixed 1 MiB mmap threshold
+             (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576): every large buffer is mapped
+             on allocation and handed back on free, so the resident memory follows the live
+             buffers instead of what the allocator keeps for reuse.
+The gap between the plan and `threshold` is what the plan misses (runtime, programs, copies); the
+gap between `threshold` and `auto` is the allocator's retention, bought for speed (the update's
+seconds show its price). Every variant samples the same completions (same seed, same machine),
+so their steps keep the same rows. Peaks are per process: the reward workers are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, ROOT)
+
+from ksjax import machine  # noqa: E402  pylint: disable=wrong-import-position
+
+VARIANTS = {
+    "auto": {},
+    "off": {"KSJAX_MALLOC": "off"},
+    "threshold": {"KSJAX_MALLOC": "glibc",
+                  "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"},
+}
+
+
+def _plan_peak(config: str, prompt_len: int, out: str) -> float:
+  """The memory plan's per-device peak, GiB."""
+  path = os.path.join(out, "plan.json")
+  subprocess.run([sys.executable, "-m", "ksjax.tools.plan", f"--config={config}",
+                  f"--prompt_len={prompt_len}", f"--json_out={path}"], check=True, cwd=ROOT,
+                 stdout=subprocess.DEVNULL)
+  with open(path) as f:
+    plan = json.load(f)
+  return plan["peak"] / 2**30
+
+
+def _run(config: str, steps: int, variant: str, out: str) -> list[dict]:
+  """The step log of `steps` RL steps of `config` under `variant`'s allocator."""
+  workdir = os.path.join(out, variant)
+  env = {k: v for k, v in os.environ.items() if k not in ("KSJAX_MALLOC", "GLIBC_TUNABLES")}
+  env.update(VARIANTS[variant])
+  subprocess.run([sys.executable, "-m", "ksjax.main", f"--config={config}",
+                  f"--config.workdir={workdir}", f"--config.num_steps={steps}",
+                  "--config.eval.at_start=False", "--config.eval.at_end=False",
+                  "--config.progress_bar=False", f"--config.checkpoint_every={steps}"],
+                 check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", default="configs/smollm2_mean.py")
+  parser.add_argument("--steps", type=int, default=4)
+  parser.add_argument("--variants", default="auto,off,threshold")
+  parser.add_argument("--prompt_len", type=int, default=128,
+                      help="the plan's longest prompt, tokens (the arithmetic prompts fit 128)")
+  args = parser.parse_args()
+  variants = args.variants.split(",")
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown:
+    sys.exit(f"--variants: {unknown[0]!r} is not accepted; expected some of "
+             f"{', '.join(VARIANTS)}")
+  print(f"machine: {machine.describe()}")
+  with tempfile.TemporaryDirectory() as out:
+    planned = _plan_peak(args.config, args.prompt_len, out)
+    print(f"{args.config}, {args.steps} steps; the memory plan's peak: {planned:.2f} GiB\n")
+    print("| variant | peak RSS after each step, GiB | peak / plan | update s per step | "
+          "rows kept |")
+    print("|---|---|---|---|---|")
+    for variant in variants:
+      lines = _run(args.config, args.steps, variant, out)
+      peaks = [line["memory/peak_rss_gib"] for line in lines]
+      updates = ", ".join(f"{line['time/update']:.1f}" for line in lines)
+      kept = ", ".join(f"{line['update/rows_fraction']:.2f}" for line in lines)
+      print(f"| {variant} | {', '.join(f'{p:.2f}' for p in peaks)} | "
+            f"{peaks[-1] / planned:.2f} | {updates} | {kept} |",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()
