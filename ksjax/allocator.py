@@ -180,3 +180,31 @@ def allocator_line(environ: dict[str, str] | None = None) -> str:
     return (f"malloc: {os.path.basename(preloaded[0])} preloaded, "
             f"MALLOC_CONF={environ.get('MALLOC_CONF') or '(unset)'}")
   return f"malloc: glibc, GLIBC_TUNABLES={environ.get('GLIBC_TUNABLES') or '(unset)'}"
+
+
+def release_free_memory() -> bool:
+  """Hands the free pages glibc's malloc holds back to the kernel (`malloc_trim(0)`); returns
+  whether the C library has the call (nothing happens where it does not: macOS, musl).
+
+  Why: XLA:CPU frees a phase's temporaries when the phase ends (the sampler's, the reference
+  forward's, the update's), and glibc keeps many of those pages for reuse. The next phase's
+  temporaries, of other sizes, then land beside them, so a run's peak resident memory was the
+  sum of two phases instead of the larger one. The trainer calls this between phases
+  (`ksjax.trainer.loop`); `benchmarks/peak_memory.py` measures the peak with and without. A
+  phase then faults its pages in afresh, which the huge pages above keep cheap. With jemalloc
+  preloaded the call trims glibc's own, unused arenas: harmless.
+  """
+  global _MALLOC_TRIM
+  if _MALLOC_TRIM is None:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    try:
+      _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+      _MALLOC_TRIM = False
+  if _MALLOC_TRIM is False:
+    return False
+  _MALLOC_TRIM(0)
+  return True
+
+
+_MALLOC_TRIM = None  # glibc's malloc_trim once looked up; False where the C library has none

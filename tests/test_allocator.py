@@ -2,6 +2,7 @@
 huge pages)."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -151,3 +152,30 @@ def test_reexec_rejects_a_bad_choice_with_one_line_and_status_2():
   assert out.stderr.strip().splitlines() == [
       "child: KSJAX_MALLOC='fast' is not accepted; expected one of auto, jemalloc, glibc, off, "
       "or the path of a jemalloc shared library"]
+
+
+_TRIM_SCRIPT = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import allocator
+page = os.sysconf("SC_PAGE_SIZE")
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page
+blocks = [b"x" * (64 * 1024) for _ in range(4000)]  # 250 MiB written, below the mmap threshold
+keep = b"y" * (64 * 1024)  # above them: the heap's top stays in use, so free() cannot shrink it
+del blocks
+before = rss()
+print(allocator.release_free_memory(), (before - rss()) / 2**20)
+"""
+
+
+def test_release_free_memory_hands_back_the_pages_glibc_kept_after_frees():
+  """What the trainer calls between phases: after 250 MiB of freed blocks that glibc keeps (the
+  heap's top is still in use), the call gives most of them back; elsewhere it does nothing and
+  says so."""
+  out = subprocess.run([sys.executable, "-c", _TRIM_SCRIPT, os.path.dirname(allocator.__file__)],
+                       capture_output=True, text=True, check=True).stdout.split()
+  has_trim, released_mib = out[0] == "True", float(out[1])
+  if platform.libc_ver()[0] == "glibc":
+    assert has_trim and released_mib > 150, out
+  else:
+    assert not has_trim and released_mib == 0, out

@@ -49,7 +49,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import distributed, files, machine, model
+from ksjax import allocator, distributed, files, machine, model
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
@@ -204,6 +204,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                             resumed)
   try:
     while step < spec.run.num_steps and not over:
+      allocator.release_free_memory()  # the last phase's freed pages, before sampling's
       timer = Timer()
       rng, sample_key, order_key = jax.random.split(state.rng, 3)
       worker_seconds = None
@@ -224,6 +225,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       timer.lap("time/reference")
       # No group with signal (dynamic sampling at its cap): no optimizer step at all.
       update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0}
+      allocator.release_free_memory()  # sampling's and the reference's, before the update's
       if len(drawn.kept):
         state, update_metrics = learner.learn(updater, state, batch, drawn.update_advantage_r,
                                               np.asarray(order_key), ref_logp_rt)

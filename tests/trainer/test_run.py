@@ -109,10 +109,11 @@ def test_each_step_optimises_the_k_of_the_schedule(tmp_path):
   assert [line["objective/k"] for line in lines] == [2.0, 3.0, 4.0]
 
 
-def test_the_loaded_parameters_are_freed_once_the_train_state_holds_its_own(tmp_path,
-                                                                           monkeypatch):
+def test_the_loaded_parameters_are_freed_and_freed_pages_handed_back_between_phases(
+    tmp_path, monkeypatch):
   """The policy as loaded is copied into the train state and the reference; nothing may keep
-  the loaded copy as well (a third copy of every weight for the whole run)."""
+  the loaded copy as well (a third copy of every weight for the whole run). And the allocator's
+  freed pages are handed back before each step's sampling and before its update."""
   import gc  # pylint: disable=g-import-not-at-top
   import weakref  # pylint: disable=g-import-not-at-top
   from ksjax.run import policy  # pylint: disable=g-import-not-at-top
@@ -131,10 +132,13 @@ def test_the_loaded_parameters_are_freed_once_the_train_state_holds_its_own(tmp_
     alive.append(sum(ref() is not None and id(ref()) not in held for ref in loaded))
     return learn(updater, state, *args, **kwargs)
 
+  trims = []
   monkeypatch.setattr(policy, "build_model", build_model)
   monkeypatch.setattr(learner, "learn", learn_and_look)
+  monkeypatch.setattr(loop.allocator, "release_free_memory", lambda: trims.append(len(alive)))
   loop.run(_tiny_config(tmp_path / "run", num_steps=2, sparse_updates=False))
   assert loaded and alive == [0, 0], (len(loaded), alive)
+  assert trims == [0, 0, 1, 1], trims  # (updates before each call): sampling, update, twice
 
 
 def test_a_run_writes_metrics_tensorboard_checkpoints_and_the_eval_table(tmp_path, capsys):
