@@ -110,12 +110,12 @@ def calibrate(tradeoff, modulus: int, out: str) -> list[tuple]:
   warmup_seconds = time.time() - started
   spec = spec_lib.from_config(config)
   task = run_tasks.make_task(spec.task, spec.model, "test")
-  prompts = [p for level in spec.task.synthetic_levels
+  prompts = [p for level in spec.task.synthetic.levels
              for p in [q for q in task.prompts("train") if q.metadata["level"] == level]
              [:_PROBLEMS.value]]
   mesh = model.make_mesh(spec.run.mesh)
   policy, _ = model.load_checkpoint(RunDirectory(config.workdir).start_dir, mesh)
-  draw = scoring.Draw(num_samples=_SAMPLES.value, max_new_tokens=spec.held_out.max_new_tokens,
+  draw = scoring.Draw(num_samples=_SAMPLES.value, max_new_tokens=spec.eval.max_new_tokens,
                       temperature=1.0, top_p=1.0, top_k=0)
 
   def answered(scored: scoring.Scored) -> dict[str, np.ndarray]:
@@ -132,7 +132,7 @@ def calibrate(tradeoff, modulus: int, out: str) -> list[tuple]:
                                ks)
   levels = np.asarray([p.metadata["level"] for p in prompts])  # [G]
   rows = []
-  for level in (*spec.task.synthetic_levels, 0):
+  for level in (*spec.task.synthetic.levels, 0):
     mask = levels == level if level else np.ones(len(prompts), bool)
     rows.append((modulus, level, int(mask.sum()),
                  *(float(values[f"pass@{k}"][mask].mean()) for k in ks),

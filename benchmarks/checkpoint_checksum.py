@@ -57,7 +57,7 @@ def default_run_config() -> model.LlamaConfig:
   from ksjax.run import policy, spec as spec_lib  # pylint: disable=g-import-not-at-top
   from ksjax.run import tasks as run_tasks  # pylint: disable=g-import-not-at-top
   spec = spec_lib.from_config(defaults.embedded_task_config())
-  task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
+  task = run_tasks.make_task(spec.task, spec.model, spec.eval.split)
   return policy.policy_config(spec.model, task.tokenizer.vocab_size,
                               value_head=spec.loss.value_head)
 

@@ -126,7 +126,7 @@ def training_batches(config: ml_collections.ConfigDict,
   from ksjax.run import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from ksjax.run import tasks as run_tasks  # pylint: disable=g-import-not-at-top
   spec = spec_lib.from_config(config)
-  task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
+  task = run_tasks.make_task(spec.task, spec.model, spec.eval.split)
   stream = run_tasks.train_iterator(spec.task, task, batch_prompts=spec.sampling.batch_prompts,
                                     seed=spec.run.seed)
   return task, [list(next(stream)) for _ in range(steps)]

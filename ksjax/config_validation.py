@@ -103,6 +103,15 @@ def int_tuple(config: Any, field: str, *, length: int | None = None,
   return tuple(value)
 
 
+def distinct_levels(config: Any, field: str, levels: tuple[int, ...]) -> tuple[int, ...]:
+  """A task's levels: a non-empty tuple of distinct levels among `levels`."""
+  value = int_tuple(config, field, lo=1)
+  if any(level not in levels for level in value) or len(set(value)) != len(value):
+    raise ConfigError(f"config.{field}={value!r} is not accepted; expected distinct levels among "
+                      f"{', '.join(map(str, levels))}")
+  return value
+
+
 def known_fields(config: Any, reference: Any, what: str, prefix: str = "") -> None:
   """Refuses fields that `reference` (the base config) does not define: a typo in a config
   file."""

@@ -21,8 +21,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to an ml_collections config file (configs/*.py).", lock_config=True)
 
 # task name -> "module:function"; the function takes the config and runs the job. Imported
-# lazily (the task registry too: it imports jax, which must load after `allocator`'s re-execution)
-# so that a bandit run does not import the language-model stack.
+# lazily, after `allocator`'s re-execution, so that a bandit run does not import the
+# language-model stack; the trainer's tasks are the registry's (`ksjax.tasks.registry.TASKS`).
 BANDIT = "bandit"
 RUNNERS = {BANDIT: "ksjax.bandit:run", "trainer": "ksjax.trainer:run"}
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from ml_collections import config_dict, config_flags
 
 from ksjax import config_validation, errors
+from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
 from tests.support import REPO
 from tests.support.fuzz import SCALE, bounded
@@ -39,7 +40,7 @@ def _leaf_fields(config, prefix=""):
   return out
 
 
-FIELDS = _leaf_fields(spec_lib.run_config.embedded_task_config())
+FIELDS = _leaf_fields(run_config.embedded_task_config())
 # What a user might type: numbers of every kind, tuples, Python literals, text; no NUL (argv
 # cannot hold it).
 override_values = st.one_of(

@@ -155,7 +155,7 @@ def validate(config: Any) -> Settings:
       ks=tuple(sorted(set(ks))), temperature=real(config, "temperature", lo=0.0),
       top_p=real(config, "top_p", lo=0.0, hi=1.0, lo_open=True),
       top_k=integer(config, "top_k", lo=0),
-      max_new_tokens=run.held_out.max_new_tokens if max_new is None else max_new,
+      max_new_tokens=run.eval.max_new_tokens if max_new is None else max_new,
       batch_prompts=batch_prompts, batch_rows=batch_rows,
       seed=integer(config, "seed", lo=0, hi=2**31 - 1), breakdown=tuple(breakdown),
       output_dir=string(config, "output_dir", allow_none=True), plots=boolean(config, "plots"),

@@ -29,7 +29,7 @@ def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> mode
     vocab_size: the task tokenizer's vocabulary, used by a fresh preset.
     value_head: whether the policy carries PPO's value head (`LossSpec.value_head`).
   """
-  dtype = spec.dtype
+  dtype = spec.model.dtype
   try:
     if spec.init_hf:
       cfg = hf_io.read_config(spec.init_hf, dtype=dtype)
@@ -39,15 +39,15 @@ def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> mode
       cfg = dataclasses.replace(model_checkpoint.load_config(spec.init_checkpoint),
                                 param_dtype=dtype, dtype=dtype)
     else:
-      cfg = model.preset(spec.preset, vocab_size=vocab_size, param_dtype=dtype, dtype=dtype,
-                         **spec.preset_overrides)
+      cfg = model.preset(spec.model.preset, vocab_size=vocab_size, param_dtype=dtype,
+                         dtype=dtype, **spec.model.preset_overrides)
   except (FileNotFoundError, model.CheckpointError) as e:
     raise ConfigError(f"config.{spec.start}: {e}") from None
   if cfg.vocab_size < vocab_size:
     raise ConfigError(f"the model's vocab_size={cfg.vocab_size} is smaller than the task "
                       f"tokenizer's {vocab_size}; expected a model for this tokenizer")
-  return dataclasses.replace(cfg, value_head=value_head, remat=spec.remat,
-                             matmul_dtype=spec.matmul_dtype)
+  return dataclasses.replace(cfg, value_head=value_head, remat=spec.model.remat,
+                             matmul_dtype=spec.model.matmul_dtype)
 
 
 def with_value_head(llama: model.Llama) -> model.Llama:
@@ -69,7 +69,7 @@ def build_model(spec: ModelSpec, vocab_size: int, mesh: jax.sharding.Mesh, *, va
   """The starting policy, every parameter placed on `mesh` by its partition spec (`seed`
   initialises a fresh preset)."""
   cfg = policy_config(spec, vocab_size, value_head=value_head)
-  dtype = spec.dtype
+  dtype = spec.model.dtype
   if spec.init_hf:
     llama, _ = model.load_hf(spec.init_hf, mesh, dtype=dtype, value_head=cfg.value_head)
   elif spec.init_gguf:

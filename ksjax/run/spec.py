@@ -1,29 +1,38 @@
-"""What a run is, as typed, frozen specifications built from a trainer config in one function.
+"""What a run is, as typed, frozen specifications: every field of the trainer config, declared once.
 
 A trainer config (`ksjax.run.config.base_config`, the `configs/*.py` files, `--config.x=`
-overrides) is an ml_collections ConfigDict: the experiment as a file. Everything below the entry
-points reads a `TrainSpec` instead: frozen dataclasses, one per concern,
+overrides) is an ml_collections ConfigDict: the experiment as a file. Its fields are the fields
+of the frozen dataclasses below, each declared with its type, default, one-line meaning and what
+it accepts (`ksjax.config_fields`); `base_config()` is derived from these declarations.
+Everything below the entry points reads a `TrainSpec`, one spec per concern,
 
-  TaskSpec       the task, its rewards and data, the model's tokenizer;
-  ModelSpec      where the starting weights come from, or the preset, and the number format;
+  TaskSpec       the task, its rewards, its options, its data and the model's tokenizer;
+  ModelSpec      where the starting weights come from, and config.model: the preset, its
+                 changes and the number format;
   SamplingSpec   Algorithm 1's step (ii): B prompts, n completions each, how they are drawn;
   EstimatorSpec  the k-sample objective and its estimator (`ksjax.objectives`);
   LossSpec       the policy-gradient stack and how completions become optimizer steps;
   OptimizerSpec  AdamW, its schedule and clipping (`build()` gives the optax transformation);
-  WarmupSpec     the optional supervised warm-up;
-  HeldOutSpec    the held-out evaluation at the start and the end of a run;
-  RunSpec        seed, work directory, mesh, length, logging and checkpoints,
+  RunSpec        seed, work directory, mesh, length, logging and checkpoints;
+  WarmupSpec     config.sft_warmup, the optional supervised warm-up;
+  HeldOutSpec    config.eval, the held-out evaluation at the start and the end of a run.
 
-each checking its own fields when it is made (`__post_init__`, so a spec made in Python, in a
-test or a benchmark, is checked exactly as one read from a file), and `TrainSpec` checking how
-they combine. `from_config(config)` is the one function that reads a ConfigDict: it refuses
-fields the base config does not define, fills the defaults that depend on other fields (n = k,
-the token_sum constant, the micro-batch, the evaluation's generation budget) and builds the
-specs. Every failure is a `ConfigError` naming the config field and what it accepts; the entry
-points print it as one line and exit with status 2.
+The specs nest like the config: a concern gathers fields of the config's top level
+(`TrainSpec.loss.kl_coef` is config.kl_coef), and a section of the config is a spec of its own
+under the same name (`TrainSpec.task.synthetic.levels` is config.synthetic.levels; a task's
+options are declared by the task, `ksjax.tasks.registry.OPTIONS`). A spec checks its fields when
+it is made, each against its declaration and then the rules that tie fields together, each a
+method named after its rule, so a spec made in Python (in a test or a benchmark) is checked
+exactly as one read from a file. `TrainSpec` fills the defaults that depend on other fields
+(`TrainSpec._resolve_dependent_defaults`) and checks how the concerns combine.
+`from_config(config)` is the one function that reads a ConfigDict: it refuses fields the specs
+do not declare and builds the specs. Every failure is a `ConfigError` naming the config field and
+what it accepts; the entry points print it as one line and exit with status 2.
 
 The estimator's arguments are checked by calling `ksjax.objectives.k_sample_advantages` itself
-on a dummy group, so a run accepts exactly what the objective library accepts.
+on a dummy group, so a run accepts exactly what the objective library accepts. The objectives,
+the model package, jax and optax are imported where a check or a method first needs them: config
+files derive their defaults from these declarations without loading jax.
 """
 
 from __future__ import annotations
@@ -33,17 +42,16 @@ import json
 import math
 from typing import Any
 
-import jax
 import numpy as np
-import optax
 
-from ksjax import objectives
+from ksjax import config_fields as cf
 from ksjax import config_validation as cv
+from ksjax.config_fields import field, group, section
 from ksjax.config_validation import ConfigError
-from ksjax.model import config as model_config
-from ksjax.run import config as run_config
-from ksjax.tasks import reasoning_gym as gym_task
 from ksjax.tasks import registry
+from ksjax.tasks.arithmetic import ArithmeticOptions
+from ksjax.tasks.reasoning_gym import ReasoningGymOptions
+from ksjax.tasks.synthetic import SyntheticOptions
 
 ALGORITHMS = ("pg", "ppo", "grpo", "dr_grpo")
 CLIPPED = ("ppo", "grpo", "dr_grpo")  # stacks with PPO's clipped ratio
@@ -52,8 +60,6 @@ KL_ESTIMATORS = ("k1", "k3")
 IS_LEVELS = ("token", "group")  # what one truncated importance weight covers (LossSpec.is_level)
 # Where starting weights may come from: a Hugging Face directory, a ksjax.model checkpoint, a GGUF.
 STARTS = ("init_hf", "init_checkpoint", "init_gguf")
-ARITHMETIC_LEVELS = 4  # ksjax.tasks.arithmetic.LEVELS (not imported: it loads math-verify)
-SYNTHETIC_MAX_MODULUS = 100  # ksjax.tasks.synthetic.MAX_MODULUS (tests check they agree)
 # Completions per prompt: the estimator is checked at start-up on a group of n (O(n) memory and
 # time), so an n in the billions would hang or exhaust memory before the run begins.
 MAX_COMPLETIONS = 1 << 14
@@ -62,179 +68,191 @@ PRESET_OVERRIDES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "h
                     "intermediate_size", "tie_embeddings")
 
 
-def _check(values: dict[str, Any]) -> dict:
-  """A nested view {"synthetic": {"levels": ...}} of {"synthetic.levels": ...}, for the
-  `ksjax.config_validation` checks, whose messages name the dotted config field."""
-  out: dict = {}
-  for name, value in values.items():
-    node = out
-    *parents, leaf = name.split(".")
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = value
-  return out
+def _objectives():
+  """`ksjax.objectives`, imported on first use: it loads jax."""
+  from ksjax import objectives  # pylint: disable=g-import-not-at-top
+  return objectives
 
 
-def check_mesh_shape(c: Any, field: str) -> tuple[int, int, int]:
-  """A (data, fsdp, tensor) mesh shape field, as a tuple; ConfigError naming `field` if not."""
-  mesh = cv.int_tuple(c, field, length=3)
+def _model_config():
+  """`ksjax.model.config`, imported on first use: the `ksjax.model` package loads jax."""
+  from ksjax.model import config  # pylint: disable=g-import-not-at-top
+  return config
+
+
+def check_mesh_shape(c: Any, field_name: str) -> tuple[int, int, int]:
+  """A (data, fsdp, tensor) mesh shape field, as a tuple; ConfigError naming the field if not."""
+  mesh = cv.int_tuple(c, field_name, length=3)
   if any(s == 0 or s < -1 for s in mesh) or mesh.count(-1) > 1:
-    raise ConfigError(f"config.{field}={mesh!r} is not accepted; expected three sizes >= 1 for "
-                      "(data, fsdp, tensor), at most one of them -1 (the remaining devices)")
+    raise ConfigError(f"config.{field_name}={mesh!r} is not accepted; expected three sizes >= 1 "
+                      "for (data, fsdp, tensor), at most one of them -1 (the remaining devices)")
   return tuple(mesh)
 
 
-class _Spec:
-  """A spec's fields and the config fields they are read from (`CONFIG`: attribute -> dotted
-  config name; an attribute not listed is read from the config field of the same name)."""
-  CONFIG: dict[str, str] = {}
+def _token_strings(c: Any, name: str) -> tuple[str, ...]:
+  tokens = cv.get(c, name)
+  if not (isinstance(tokens, (tuple, list)) and tokens
+          and all(isinstance(t, str) and t for t in tokens)):
+    raise ConfigError(f"config.{name}={tokens!r} is not accepted; expected a non-empty tuple of "
+                      "token strings")
+  return tuple(tokens)
 
-  @classmethod
-  def config_names(cls) -> dict[str, str]:
-    return {f.name: cls.CONFIG.get(f.name, f.name) for f in dataclasses.fields(cls)}
 
-  def _view(self) -> dict:
-    return _check({name: getattr(self, attr) for attr, name in self.config_names().items()})
+def _text_or_none(c: Any, name: str) -> str | None:
+  text = cv.get(c, name)
+  if text is not None and not isinstance(text, str):
+    raise ConfigError(f"config.{name}={text!r} is not accepted; expected a string or None")
+  return text
+
+
+def _importance_cap(c: Any, name: str) -> float | None:
+  cap = cv.get(c, name)
+  if cap is not None and cap != math.inf:  # inf: untruncated weights
+    try:
+      cv.real(c, name, lo=1.0)
+    except ConfigError:
+      raise ConfigError(f"config.{name}={cap!r} is not accepted; expected None (no correction), a "
+                        "number >= 1, or inf (no truncation)") from None
+  return cap
+
+
+def _target_pass_at_1(c: Any, name: str) -> float | None:
+  target = cv.get(c, name)
+  try:  # 0 as well as None: a command-line override cannot set a float field to None
+    cv.optional_real(c, name, lo=0.0, hi=1.0, hi_open=True)
+  except ConfigError:
+    raise ConfigError(f"config.{name}={target!r} is not accepted; expected None or 0 (a fixed "
+                      "number of steps) or a number in (0, 1) (the calibration pass@1 that stops "
+                      "the warm-up)") from None
+  return target
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSpec(_Spec):
-  """The task (`ksjax.tasks.registry`), its rewards, its data and the model's tokenizer."""
-  name: str
-  correct_reward: float = 1.0
-  wrong_reward: float = -1.0
-  reward_workers: int = 2            # processes checking answers or running programs
-  synthetic_seed: int = 0            # the embedded task's problems (not the run's seed)
-  synthetic_levels: tuple[int, ...] = (1, 2, 3, 4, 5)
-  synthetic_train_per_level: int = 800
-  synthetic_test_per_level: int = 60
-  synthetic_num_solutions: int = 4
-  synthetic_modulus: int = 10        # the embedded task's answers are 0..modulus-1
-  data_dir: str | None = None        # dataset tasks: built by `python -m ksjax.tasks.data`
-  train_split: str = "train"
-  tokenizer_path: str | None = None  # tokenizer.json or its directory; None: the model's
-  tokenizer_bos: str | None = "<|begin_of_text|>"
-  tokenizer_eos: tuple[str, ...] = ("<|eot_id|>", "<|end_of_text|>")
-  tokenizer_pad: str | None = None   # None: the first eos token
-  arithmetic_seed: int = 0           # the word-problem task's problems
-  arithmetic_levels: tuple[int, ...] = (1, 2, 3, 4)
-  arithmetic_train_per_level: int = 500
-  arithmetic_test_per_level: int = 40
-  reasoning_gym_datasets: str = "chain_sum"  # one dataset, or a weighted mix "a:2,b:1"
-  reasoning_gym_options: Any = ()    # frozen: ((dataset, ((option, value), ...)), ...)
-  reasoning_gym_seed: int = 0        # reasoning-gym's problems
-  reasoning_gym_train_per_level: int = 500
-  reasoning_gym_test_per_level: int = 32
-  system_prompt: str | None = None   # chat tasks: the system message, if any
+class DataSpec(cf.Spec, path="data"):
+  """A dataset task's data: built by `python -m ksjax.tasks.data`."""
+  data_dir: str | None = field(None, "where the dataset was built")
+  train_split: str = field("train", "the split RL trains on")
 
-  CONFIG = {"name": "task", "data_dir": "data.data_dir", "train_split": "data.train_split",
-            "system_prompt": "chat.system_prompt",
-            **{f"synthetic_{f}": f"synthetic.{f}" for f in (
-                "seed", "levels", "train_per_level", "test_per_level", "num_solutions",
-                "modulus")},
-            **{f"arithmetic_{f}": f"arithmetic.{f}" for f in (
-                "seed", "levels", "train_per_level", "test_per_level")},
-            **{f"reasoning_gym_{f}": f"reasoning_gym.{f}" for f in (
-                "datasets", "options", "seed", "train_per_level", "test_per_level")},
-            **{f"tokenizer_{f}": f"tokenizer.{f}" for f in ("path", "bos", "eos", "pad")}}
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec(cf.Spec, path="tokenizer"):
+  """The model's tokenizer, for the tasks that tokenize with it."""
+  path: str | None = field(None, "tokenizer.json or its directory; None: init_gguf's, or init_hf's")
+  bos: str | None = field("<|begin_of_text|>", "the BOS token; None: none")
+  eos: tuple[str, ...] = field(("<|eot_id|>", "<|end_of_text|>"), "the tokens that end a row",
+                               check=_token_strings)
+  pad: str | None = field(None, "the padding token; None: the first eos token")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSpec(cf.Spec, path="chat"):
+  """Instruct models: prompts are rendered with the checkpoint's own chat template (init_gguf's
+  metadata, or tokenizer_config.json beside the tokenizer), with this system prompt if set."""
+  system_prompt: str | None = field(None, "the system message before each question; None: the "
+                                    "template's own", check=_text_or_none)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec(cf.Spec):
+  """The task (`ksjax.tasks.registry`), its rewards, its options, its data and the model's
+  tokenizer. A task's options are its own section, declared beside the task."""
+  task: str = field("synthetic", "which task trains", choices=registry.TASKS)
+  correct_reward: float = field(1.0, "the reward of a correct completion")
+  wrong_reward: float = field(-1.0, "the reward of any other completion")
+  reward_workers: int = field(2, "processes checking answers or running programs (math, code "
+                              "and chat tasks)", lo=1)
+  synthetic: SyntheticOptions = section(SyntheticOptions, "the embedded task "
+                                        "(ksjax.tasks.synthetic)")
+  arithmetic: ArithmeticOptions = section(ArithmeticOptions, "word problems for instruct models "
+                                          "(ksjax.tasks.arithmetic)")
+  reasoning_gym: ReasoningGymOptions = section(
+      ReasoningGymOptions, "reasoning-gym's generators for instruct models "
+      "(ksjax.tasks.reasoning_gym; pip install -e \".[gym]\")")
+  data: DataSpec = section(DataSpec, "a dataset task's data")
+  tokenizer: TokenizerSpec = section(TokenizerSpec, "the model's tokenizer")
+  chat: ChatSpec = section(ChatSpec, "the chat template's system prompt")
 
   def __post_init__(self):
-    c = self._view()
-    cv.choice(c, "task", registry.TASKS)
-    correct = cv.real(c, "correct_reward")
-    wrong = cv.real(c, "wrong_reward")
+    super().__post_init__()
+    self._correct_reward_exceeds_wrong_reward()
+    self._reasoning_gym_serves_its_datasets()
+
+  def _correct_reward_exceeds_wrong_reward(self):
+    correct, wrong = float(self.correct_reward), float(self.wrong_reward)
     if not correct > wrong:
       raise ConfigError(f"config.correct_reward={correct} is not accepted; expected more than "
                         f"config.wrong_reward={wrong}")
-    cv.integer(c, "reward_workers", lo=1)
-    cv.integer(c, "synthetic.seed", lo=0, hi=2**32 - 1)
-    levels = cv.int_tuple(c, "synthetic.levels", lo=1)
-    if any(level > 5 for level in levels) or len(set(levels)) != len(levels):
-      raise ConfigError(f"config.synthetic.levels={levels!r} is not accepted; expected distinct "
-                        "levels among 1, 2, 3, 4, 5")
-    cv.integer(c, "synthetic.train_per_level", lo=1)
-    cv.integer(c, "synthetic.test_per_level", lo=1, hi=155)
-    cv.integer(c, "synthetic.num_solutions", lo=1)
-    cv.integer(c, "synthetic.modulus", lo=2, hi=SYNTHETIC_MAX_MODULUS)
-    cv.string(c, "data.data_dir", allow_none=True)
-    cv.string(c, "data.train_split")
-    cv.string(c, "tokenizer.path", allow_none=True)
-    cv.string(c, "tokenizer.bos", allow_none=True)
-    eos = self.tokenizer_eos
-    if not (isinstance(eos, (tuple, list)) and eos and all(isinstance(e, str) and e for e in eos)):
-      raise ConfigError(f"config.tokenizer.eos={eos!r} is not accepted; expected a non-empty tuple "
-                        "of token strings")
-    cv.string(c, "tokenizer.pad", allow_none=True)
-    cv.integer(c, "arithmetic.seed", lo=0, hi=2**32 - 1)
-    arithmetic_levels = cv.int_tuple(c, "arithmetic.levels", lo=1)
-    if (any(level > ARITHMETIC_LEVELS for level in arithmetic_levels)
-        or len(set(arithmetic_levels)) != len(arithmetic_levels)):
-      raise ConfigError(f"config.arithmetic.levels={arithmetic_levels!r} is not accepted; "
-                        f"expected distinct levels among 1..{ARITHMETIC_LEVELS}")
-    cv.integer(c, "arithmetic.train_per_level", lo=1)
-    cv.integer(c, "arithmetic.test_per_level", lo=1)
-    mix = gym_task.parse_mix(self.reasoning_gym_datasets)
-    options = gym_task.freeze_options(self.reasoning_gym_options)
-    cv.integer(c, "reasoning_gym.seed", lo=0, hi=2**32 - 1)
-    cv.integer(c, "reasoning_gym.train_per_level", lo=1)
-    cv.integer(c, "reasoning_gym.test_per_level", lo=1)
-    if self.name == "reasoning_gym":  # needs the package: only when it is the task
-      gym_task.check_datasets(mix, gym_task.thaw_options(options))
-    if self.system_prompt is not None and not isinstance(self.system_prompt, str):
-      raise ConfigError(f"config.chat.system_prompt={self.system_prompt!r} is not accepted; "
-                        "expected a string or None")
-    object.__setattr__(self, "synthetic_levels", tuple(levels))
-    object.__setattr__(self, "arithmetic_levels", tuple(arithmetic_levels))
-    object.__setattr__(self, "tokenizer_eos", tuple(eos))
-    object.__setattr__(self, "reasoning_gym_options", options)
+
+  def _reasoning_gym_serves_its_datasets(self):
+    if self.task == "reasoning_gym":  # needs the package: only when it is the task
+      self.reasoning_gym.check_served()
+
+  @property
+  def name(self) -> str:
+    """The task's name (config.task)."""
+    return self.task
+
+  @property
+  def options(self) -> cf.Spec | None:
+    """The task's own options (its config section), None for a task without any."""
+    return getattr(self, self.task) if self.task in registry.OPTIONS else None
 
   @property
   def is_synthetic(self) -> bool:
-    return self.name == "synthetic"
+    return self.task == "synthetic"
 
   @property
   def is_generated(self) -> bool:
     """Generated in memory (no dataset to build)."""
-    return self.name == "synthetic" or self.name in registry.CHAT_TASKS
+    return self.task == "synthetic" or self.task in registry.CHAT_TASKS
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec(_Spec):
-  """The starting policy: a Hugging Face directory, a ksjax.model checkpoint, or a fresh preset
-  with some of its shapes changed; and the number format."""
-  init_hf: str | None = None
-  init_checkpoint: str | None = None
-  init_gguf: str | None = None
-  preset: str = "tiny"
-  hidden_size: int | None = None
-  num_layers: int | None = None
-  num_heads: int | None = None
-  num_kv_heads: int | None = None
-  head_dim: int | None = None
-  intermediate_size: int | None = None
-  tie_embeddings: bool | None = None  # None: the preset's
-  dtype: str = "float32"              # parameters and compute
-  matmul_dtype: str | None = None     # the weight matmuls' operands (LlamaConfig.matmul_dtype)
-  remat: bool = False                 # scan rematerialised decoder blocks in the backward pass
+class LlamaSpec(cf.Spec, path="model"):
+  """A fresh model's preset and the shapes it changes (None keeps the preset's), and the number
+  format of any model."""
+  preset: str = field("tiny", "a fresh model's size; with weights from a file, only names it",
+                      choices=lambda: _model_config().PRESETS)
+  hidden_size: int | None = field(None, "the residual width; None: the preset's", lo=1)
+  num_layers: int | None = field(None, "decoder blocks; None: the preset's", lo=1)
+  num_heads: int | None = field(None, "attention heads; None: the preset's", lo=1)
+  num_kv_heads: int | None = field(None, "key/value heads; None: the preset's", lo=1)
+  head_dim: int | None = field(None, "the width of a head; None: the preset's", lo=1)
+  intermediate_size: int | None = field(None, "the MLP's width; None: the preset's", lo=1)
+  tie_embeddings: bool | None = field(None, "the output layer reuses the input embeddings; None: "
+                                      "the preset's")
+  dtype: str = field("float32", "parameters and compute", choices=lambda: _model_config().DTYPES)
+  # bfloat16 with dtype float32 keeps float32 weights and activations and runs the projections on
+  # bfloat16 matrix units (ksjax/model/config.py, LlamaConfig.matmul_dtype).
+  matmul_dtype: str | None = field(None, "the weight matmuls' operand dtype (float32 "
+                                   "accumulation); None: dtype",
+                                   choices=lambda: _model_config().DTYPES)
+  remat: bool = field(False, "rematerialise decoder blocks in the backward pass")
 
-  CONFIG = {f: f"model.{f}" for f in ("preset", *PRESET_OVERRIDES, "dtype", "matmul_dtype",
-                                      "remat")}
+  @property
+  def preset_overrides(self) -> dict[str, Any]:
+    return {f: getattr(self, f) for f in PRESET_OVERRIDES if getattr(self, f) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(cf.Spec):
+  """The starting policy: a Hugging Face directory, a ksjax.model checkpoint, a GGUF file, or a
+  fresh `model.preset` with some of its shapes changed; and the number format."""
+  init_hf: str | None = field(None, "a Hugging Face Llama directory to start from")
+  init_checkpoint: str | None = field(None, "or a ksjax.model Orbax checkpoint")
+  init_gguf: str | None = field(None, "or a llama.cpp GGUF file (weights and tokenizer)")
+  model: LlamaSpec = section(LlamaSpec, "a fresh model (none of the above): preset and changes; "
+                             "the number format of any")
 
   def __post_init__(self):
-    c = self._view()
-    starts = [field for field in STARTS if cv.string(c, field, allow_none=True)]
+    super().__post_init__()
+    self._at_most_one_start()
+
+  def _at_most_one_start(self):
+    starts = [name for name in STARTS if getattr(self, name)]
     if len(starts) > 1:
       raise ConfigError(f"config.{starts[0]} and config.{starts[1]} are both set; expected at "
                         f"most one starting point of {', '.join(STARTS)}")
-    cv.choice(c, "model.preset", model_config.PRESETS)
-    for field in PRESET_OVERRIDES[:-1]:
-      cv.integer(c, f"model.{field}", lo=1, allow_none=True)
-    if self.tie_embeddings is not None:
-      cv.boolean(c, "model.tie_embeddings")
-    cv.choice(c, "model.dtype", model_config.DTYPES)
-    if self.matmul_dtype is not None:
-      cv.choice(c, "model.matmul_dtype", model_config.DTYPES)
-    cv.boolean(c, "model.remat")
 
   @property
   def pretrained(self) -> bool:
@@ -244,53 +262,57 @@ class ModelSpec(_Spec):
   @property
   def start(self) -> str | None:
     """The config field naming the starting weights ("init_hf", ...), None for a preset."""
-    return next((field for field in STARTS if getattr(self, field)), None)
-
-  @property
-  def preset_overrides(self) -> dict[str, Any]:
-    return {f: getattr(self, f) for f in PRESET_OVERRIDES if getattr(self, f) is not None}
+    return next((name for name in STARTS if getattr(self, name)), None)
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingSpec(_Spec):
+class SamplingSpec(cf.Spec):
   """Algorithm 1, step (ii): B prompts per step, n completions each."""
-  batch_prompts: int = 16
-  n: int = 4                 # completions per prompt (the config's None means n = k)
-  max_new_tokens: int = 64
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  # Voting without labels: each completion's reward is its agreement with the other completions
-  # of its prompt (`ksjax.run.scoring.hide_labels`), not its correctness.
-  label_free: bool = False
-  # Dynamic sampling (`ksjax.trainer.dynamic`): resample rounds of batch_prompts prompts until
-  # batch_prompts groups with a non-zero k-sample weight are kept, at most this many rounds.
-  dynamic_sampling: bool = False
-  dynamic_max_rounds: int = 4
-  # Asynchronous rollouts (`ksjax.trainer.async_rollouts`): step s samples with the parameters of
-  # step max(0, s - max_lag); sampler_devices > 0 gives the sampler its own sub-mesh.
-  max_lag: int = 0
-  sampler_devices: int = 0
-  sampler_mesh: tuple[int, int, int] = (-1, 1, 1)
+  batch_prompts: int = field(16, "B prompts per step", lo=1)
+  n: int | None = field(None, "completions per prompt; None: n = k", lo=1, hi=MAX_COMPLETIONS)
+  max_new_tokens: int = field(64, "the most tokens a completion has", lo=1)
+  temperature: float = field(1.0, "the sampling temperature", lo=0.0, lo_open=True)
+  top_p: float = field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0,
+                       lo_open=True)
+  top_k: int = field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+  # Voting without labels (TTRL; ksjax.objectives.label_free): a completion's reward is whether
+  # its answer agrees with the majority of the other n - 1 completions of its prompt (1/t for t
+  # tied answers; no answer: no vote, reward 0), from answer classes formed from the answers' text
+  # alone (`ksjax.run.scoring.hide_labels`); correct_reward and wrong_reward do not apply. The
+  # labels reach only the logged accuracy: batch/* and the held-out probe (eval.probe_every).
+  label_free: bool = field(False, "reward agreement with the prompt's other completions, not "
+                           "correctness")
+  # Dynamic sampling (ksjax.trainer.dynamic): a step samples rounds of batch_prompts prompts until
+  # it holds batch_prompts groups whose k-sample weights are not all zero (the others are dropped
+  # before the reference forward and the update), or dynamic_max_rounds rounds are done; then it
+  # updates on the groups it has (none: no update that step). Off: one round, every group.
+  dynamic_sampling: bool = field(False, "resample until batch_prompts groups carry a signal")
+  dynamic_max_rounds: int = field(4, "the most rounds of a dynamic step; 1 only drops the "
+                                  "zero-weight groups of the one round", lo=1)
+  # Asynchronous rollouts (ksjax.trainer.async_rollouts): step s's completions are sampled with
+  # the parameters of step s - max_lag (of step 0 before that), on a worker that runs ahead of
+  # the learner. Correct the lag with is_cap (and is_level).
+  max_lag: int = field(0, "steps the sampler's parameters lag the learner's; 0: lockstep", lo=0)
+  # The learner's config.mesh takes the other devices.
+  sampler_devices: int = field(0, "devices of the sampler's own sub-mesh (the last ones); 0: the "
+                               "sampler shares the learner's devices", lo=0)
+  sampler_mesh: tuple[int, int, int] = field((-1, 1, 1), "(data, fsdp, tensor) of the sampler's "
+                                             "sub-mesh", check=check_mesh_shape)
 
   def __post_init__(self):
-    c = self._view()
-    lag = cv.integer(c, "max_lag", lo=0)
-    devices = cv.integer(c, "sampler_devices", lo=0)
-    if devices and not lag:
-      raise ConfigError(f"config.sampler_devices={devices} is not accepted with config.max_lag=0: "
-                        "a lockstep sampler cannot run beside the learner; expected "
-                        "sampler_devices=0, or max_lag >= 1")
-    object.__setattr__(self, "sampler_mesh", check_mesh_shape(c, "sampler_mesh"))
-    cv.integer(c, "batch_prompts", lo=1)
-    cv.integer(c, "n", lo=1, hi=MAX_COMPLETIONS)
-    cv.integer(c, "max_new_tokens", lo=1)
-    cv.real(c, "temperature", lo=0.0, lo_open=True)
-    cv.real(c, "top_p", lo=0.0, hi=1.0, lo_open=True)
-    cv.integer(c, "top_k", lo=0)
-    cv.boolean(c, "dynamic_sampling")
-    cv.integer(c, "dynamic_max_rounds", lo=1)
-    if cv.boolean(c, "label_free") and self.n < 2:
+    super().__post_init__()
+    self._sampler_devices_need_a_lag()
+    self._label_free_needs_two_completions()
+
+  def _sampler_devices_need_a_lag(self):
+    if self.sampler_devices and not self.max_lag:
+      raise ConfigError(f"config.sampler_devices={self.sampler_devices} is not accepted with "
+                        "config.max_lag=0: a lockstep sampler cannot run beside the learner; "
+                        "expected sampler_devices=0, or max_lag >= 1")
+
+  def _label_free_needs_two_completions(self):
+    # n is None until TrainSpec resolves it (n = k), which makes this spec again.
+    if self.label_free and self.n is not None and self.n < 2:
       raise ConfigError(f"config.label_free=True is not accepted with n={self.n}: a completion is "
                         "rewarded for agreeing with the others of its prompt; expected n >= 2")
 
@@ -301,44 +323,53 @@ class SamplingSpec(_Spec):
 
 
 @dataclasses.dataclass(frozen=True)
-class EstimatorSpec(_Spec):
-  """The k-sample objective and its estimator (same names as `ksjax.objectives`), and the
-  schedule of k over training (`ksjax.objectives.k_at_step`; "none": k throughout).
+class EstimatorSpec(cf.Spec):
+  """The k-sample objective and its estimator (same names as `ksjax.objectives` and
+  configs/bandit.py), and the schedule of k over training (`ksjax.objectives.k_at_step`; "none":
+  k throughout).
 
   With a k_mixture the objective is sum_{j<=k} w_j E[f(y_1..y_j)] (`ksjax.objectives.mixture`),
   and a schedule truncates it at the step's k."""
-  aggregator: str = "pass_at_k"
-  baseline: str = "loo"
-  k: int = 4
-  p: int = 1          # leave_p_out only
-  beta: float = 1.0   # softmax only
-  scale: str = "none"
-  k_schedule: str = "none"
-  k_start: int | None = None   # k at step 0 of a linear/step schedule
-  k_schedule_steps: int = 0    # linear: k reached at this step; step: k from this step on
-  k_mixture: str = "none"      # none | maxrl | weights: the objective over every k up to k
-  k_weights: tuple[float, ...] | None = None  # k_mixture="weights": w_1..w_k
+  aggregator: str = field("pass_at_k", "f of the k samples: mean | pass_at_k | majority_vote | "
+                          "softmax", choices=lambda: _objectives().AGGREGATORS)
+  baseline: str = field("loo", "the estimator's baseline (ksjax.objectives.ALL_BASELINES)",
+                        choices=lambda: _objectives().ALL_BASELINES)
+  k: int = field(4, "the objective's k samples per prompt", lo=1)
+  p: int = field(1, "leave_p_out only: the samples left out", lo=1)
+  beta: float = field(1.0, "softmax only: its inverse temperature")
+  scale: str = field("none", "none | group_std: divide by the group's standard deviation",
+                     choices=lambda: _objectives().SCALES)
+  # PKPO (ksjax.objectives.k_at_step): the trainer computes step s's advantages (s = RL steps
+  # done) with that step's k and logs it (objective/k); the batch metrics stay at config.k.
+  k_schedule: str = field("none", "annealing k over training: none | linear | step",
+                          choices=lambda: _objectives().K_SCHEDULES)
+  k_start: int | None = field(None, "k at step 0 of a linear/step schedule; None: none", lo=1)
+  k_schedule_steps: int = field(0, "linear: k is reached at this step; step: k from this step on",
+                                lo=0)
+  # An objective over every k up to k (ksjax.objectives.mixture): sum_{j<=k} w_j E[f(y_1..y_j)],
+  # maxrl: w_j = 1/j (MaxRL's truncated log-likelihood); weights: w_j = k_weights[j-1]; baseline
+  # none | loo | leave_two_out. With a k schedule, step s's mixture stops at its k.
+  k_mixture: str = field("none", "an objective over every k up to k: none | maxrl | weights",
+                         choices=lambda: _objectives().K_MIXTURES)
+  k_weights: tuple[float, ...] | None = field(None, "k_mixture='weights': (w_1, ..., w_k), >= 0",
+                                              check=cf.unchecked)
 
   def __post_init__(self):
-    c = self._view()
-    cv.integer(c, "k", lo=1)
-    cv.choice(c, "aggregator", objectives.AGGREGATORS)
-    cv.choice(c, "baseline", objectives.ALL_BASELINES)
-    cv.choice(c, "scale", objectives.SCALES)
-    cv.integer(c, "p", lo=1)
-    cv.real(c, "beta")
-    cv.choice(c, "k_schedule", objectives.K_SCHEDULES)
-    cv.integer(c, "k_start", lo=1, allow_none=True)
-    cv.integer(c, "k_schedule_steps", lo=0)
+    super().__post_init__()
+    self._k_schedule_reaches_k()
+    self._k_weights_fit_the_mixture()
+
+  def _k_schedule_reaches_k(self):
     try:
-      objectives.k_at_step(0, k=self.k, schedule=self.k_schedule, k_start=self.k_start,
-                           steps=self.k_schedule_steps)
+      _objectives().k_at_step(0, k=self.k, schedule=self.k_schedule, k_start=self.k_start,
+                              steps=self.k_schedule_steps)
     except ValueError as e:
       raise ConfigError(f"config.{e}") from None
-    cv.choice(c, "k_mixture", objectives.K_MIXTURES)
+
+  def _k_weights_fit_the_mixture(self):
     weights = self.k_weights
-    listed = isinstance(weights, (tuple, list))
-    if self.k_mixture == "weights" and listed and len(weights) != self.k:
+    if (self.k_mixture == "weights" and isinstance(weights, (tuple, list))
+        and len(weights) != self.k):
       raise ConfigError(f"config.k_weights has {len(weights)} entries; expected k={self.k} "
                         "(w_1, ..., w_k of the mixture up to k)")
     try:
@@ -350,12 +381,12 @@ class EstimatorSpec(_Spec):
 
   def weights_at(self, k: int):
     """w_1..w_k of the mixture truncated at k (a schedule's k at a step), None without one."""
-    return objectives.mixture_weights(self.k_mixture, k, self.k_weights)
+    return _objectives().mixture_weights(self.k_mixture, k, self.k_weights)
 
   def k_at(self, step: int) -> int:
     """The k of the objective at `step` (0-based count of updates done)."""
-    return objectives.k_at_step(step, k=self.k, schedule=self.k_schedule, k_start=self.k_start,
-                                steps=self.k_schedule_steps)
+    return _objectives().k_at_step(step, k=self.k, schedule=self.k_schedule,
+                                   k_start=self.k_start, steps=self.k_schedule_steps)
 
   def scheduled_ks(self) -> tuple[int, ...]:
     """Every k the schedule takes, ascending (k alone without a schedule)."""
@@ -371,9 +402,9 @@ class EstimatorSpec(_Spec):
   def check_with(self, n: int) -> None:
     """What the objective library accepts for groups of n completions (ConfigError if not), for
     every k the schedule takes: the enumerated aggregators' subset limits are not monotone in k."""
-    for field, k in (("k", self.k), ("k_start", self.k_start)):
+    for name, k in (("k", self.k), ("k_start", self.k_start)):
       if k is not None and k > n:
-        raise ConfigError(f"config.{field}={k} is not accepted with config.n={n}; expected k <= n "
+        raise ConfigError(f"config.{name}={k} is not accepted with config.n={n}; expected k <= n "
                           "(the objective's k samples come from the n completions of a prompt)")
     for k in self.scheduled_ks():
       try:
@@ -389,6 +420,7 @@ class EstimatorSpec(_Spec):
                  k: int | None = None) -> np.ndarray:
     """The k-sample weights of `ksjax.objectives`, float32 [B, n]; k: `self.k` unless given
     (a schedule's `k_at(step)`); with a k_mixture, those of the mixture up to k."""
+    objectives = _objectives()
     k = self.k if k is None else k
     if self.k_mixture != "none":
       return np.asarray(objectives.mixture_advantages(
@@ -401,62 +433,71 @@ class EstimatorSpec(_Spec):
 
 
 @dataclasses.dataclass(frozen=True)
-class LossSpec(_Spec):
+class LossSpec(cf.Spec):
   """The policy-gradient stack, and how one step's completions become optimizer steps."""
-  algorithm: str = "pg"
-  aggregation: str = "token_sum"
-  loss_constant: float = 64.0        # C of token_sum (the config's None: max_new_tokens)
-  ppo_epochs: int = 1
-  num_minibatches: int = 1
-  micro_batch_size: int = 64         # rows per gradient micro-batch (None: a mini-batch)
-  clip_eps: float = 0.2
-  value_clip: float = 0.2
-  value_coef: float = 0.5
-  is_cap: float | None = None        # truncated importance weight cap; None: no correction
-  is_level: str = "token"            # "token": a weight per token; "group": one per prompt group
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"
-  sparse_updates: bool = True        # drop zero-advantage completions when no term reads them
-  sparse_min_rows: int = 8           # the smallest bucket of kept rows (`trainer.sparse`)
-  kl_every: int = 1                  # steps between the KL-to-reference metrics (no KL penalty)
-
-  CONFIG = {"aggregation": "loss_aggregation"}
+  algorithm: str = field("pg", "pg | ppo | grpo | dr_grpo", choices=ALGORITHMS)
+  loss_aggregation: str = field("token_sum", "how token terms make the loss: token_sum | "
+                                "seq_mean_token_mean | token_mean", choices=LOSS_AGGREGATIONS)
+  loss_constant: float | None = field(None, "C of token_sum; None: max_new_tokens", lo=0.0,
+                                      lo_open=True)
+  ppo_epochs: int = field(1, "passes over each batch of completions", lo=1)
+  num_minibatches: int = field(1, "optimizer steps per pass", lo=1)
+  micro_batch_size: int | None = field(None, "rows per gradient micro-batch; None: every row of a "
+                                       "mini-batch", lo=1)
+  clip_eps: float = field(0.2, "PPO's ratio clipping (ppo, grpo, dr_grpo)", lo=0.0, hi=1.0,
+                          lo_open=True, hi_open=True)
+  value_clip: float = field(0.2, "alpha of the clipped value loss (ppo)", lo=0.0, lo_open=True)
+  value_coef: float = field(0.5, "weight of the value loss (ppo)", lo=0.0)
+  is_cap: float | None = field(None, "truncated importance weight cap; None: no correction; inf: "
+                               "untruncated weights", check=_importance_cap)
+  # "token": min(pi/mu, cap) per token (TIS); "group": min(prod pi/mu, cap) over every token of a
+  # prompt's n completions, unbiased for k-sample estimators at inf.
+  is_level: str = field("token", "what one importance weight covers: token | group",
+                        choices=IS_LEVELS)
+  kl_coef: float = field(0.0, "KL penalty to the reference (start) policy; 0: logged only",
+                         lo=0.0)
+  kl_estimator: str = field("k3", "k1 | k3, the estimator the penalty uses (both are logged)",
+                            choices=KL_ESTIMATORS)
+  sparse_updates: bool = field(True, "drop zero-advantage completions from the backward pass "
+                               "when allowed")
+  # One update program per bucket: a small model compiles in longer than a few padding rows cost,
+  # a 135M one the other way round.
+  sparse_min_rows: int = field(8, "kept rows are padded to a power of two of at least this many",
+                               lo=1)
+  # A forward pass of the start policy over every completion; the first and last steps always log
+  # it, and a KL penalty needs it every step.
+  kl_every: int = field(1, "steps between the logged KL to the reference; 1: every step", lo=1)
 
   def __post_init__(self):
-    c = self._view()
-    cv.choice(c, "algorithm", ALGORITHMS)
-    cv.choice(c, "loss_aggregation", LOSS_AGGREGATIONS)
-    cv.real(c, "loss_constant", lo=0.0, lo_open=True)
-    epochs = cv.integer(c, "ppo_epochs", lo=1)
-    minibatches = cv.integer(c, "num_minibatches", lo=1)
-    cv.integer(c, "micro_batch_size", lo=1)
-    cv.real(c, "clip_eps", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    cv.real(c, "value_clip", lo=0.0, lo_open=True)
-    cv.real(c, "value_coef", lo=0.0)
-    if self.is_cap is not None and self.is_cap != math.inf:  # inf: untruncated weights
-      try:
-        cv.real(c, "is_cap", lo=1.0)
-      except ConfigError:
-        raise ConfigError(f"config.is_cap={self.is_cap!r} is not accepted; expected None (no "
-                          "correction), a number >= 1, or inf (no truncation)") from None
-    cv.choice(c, "is_level", IS_LEVELS)
-    cv.real(c, "kl_coef", lo=0.0)
-    cv.choice(c, "kl_estimator", KL_ESTIMATORS)
-    cv.boolean(c, "sparse_updates")
-    cv.integer(c, "sparse_min_rows", lo=1)
-    kl_every = cv.integer(c, "kl_every", lo=1)
-    if self.kl_coef > 0 and kl_every != 1:
-      raise ConfigError(f"config.kl_every={kl_every} is not accepted with config.kl_coef="
+    super().__post_init__()
+    self._kl_penalty_needs_the_reference_every_step()
+    self._off_policy_pg_steps_need_an_is_cap()
+    self._group_weights_need_a_cap()
+    self._group_weights_need_one_pg_step()
+
+  @property
+  def _several_steps(self) -> bool:
+    return self.ppo_epochs > 1 or self.num_minibatches > 1
+
+  def _kl_penalty_needs_the_reference_every_step(self):
+    if self.kl_coef > 0 and self.kl_every != 1:
+      raise ConfigError(f"config.kl_every={self.kl_every} is not accepted with config.kl_coef="
                         f"{self.kl_coef}: the KL penalty needs the reference policy's log-probs "
                         "every step; expected kl_every=1, or kl_coef=0")
-    if self.algorithm == "pg" and (epochs > 1 or minibatches > 1) and self.is_cap is None:
+
+  def _off_policy_pg_steps_need_an_is_cap(self):
+    if self.algorithm == "pg" and self._several_steps and self.is_cap is None:
       raise ConfigError("config.ppo_epochs or config.num_minibatches > 1 with algorithm='pg' "
                         "makes later optimizer steps off-policy; expected an importance-weight "
                         "cap config.is_cap (e.g. 2.0), or ppo_epochs = num_minibatches = 1")
+
+  def _group_weights_need_a_cap(self):
     if self.is_level == "group" and self.is_cap is None:
       raise ConfigError("config.is_level='group' is not accepted with config.is_cap=None; "
                         "expected a cap (inf: untruncated), or is_level='token'")
-    if self.is_level == "group" and self.algorithm == "pg" and (epochs > 1 or minibatches > 1):
+
+  def _group_weights_need_one_pg_step(self):
+    if self.is_level == "group" and self.algorithm == "pg" and self._several_steps:
       raise ConfigError("config.is_level='group' with algorithm='pg' weighs by the learner at "
                         "the step's start, which later optimizer steps leave; expected "
                         "ppo_epochs = num_minibatches = 1, or a clipped algorithm (ppo, grpo, "
@@ -495,39 +536,33 @@ class LossSpec(_Spec):
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerSpec(_Spec):
+class OptimizerSpec(cf.Spec):
   """AdamW with a linear warm-up to a constant learning rate and global-norm clipping."""
-  learning_rate: float = 1e-3
-  lr_warmup_steps: int = 5
-  weight_decay: float = 0.0
-  max_grad_norm: float | None = 1.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
+  learning_rate: float = field(1e-3, "AdamW's learning rate after the warm-up", lo=0.0,
+                               lo_open=True)
+  lr_warmup_steps: int = field(5, "steps of the linear warm-up from 0", lo=0)
+  weight_decay: float = field(0.0, "AdamW's decoupled weight decay (matrices only)", lo=0.0)
+  max_grad_norm: float | None = field(1.0, "global-norm clipping; None: none", lo=0.0,
+                                      lo_open=True)
+  adam_b1: float = field(0.9, "Adam's first-moment decay", lo=0.0, hi=1.0, hi_open=True)
+  adam_b2: float = field(0.999, "Adam's second-moment decay", lo=0.0, hi=1.0, hi_open=True)
+  adam_eps: float = field(1e-8, "Adam's epsilon", lo=0.0, lo_open=True)
 
-  CONFIG = {"b1": "adam_b1", "b2": "adam_b2", "eps": "adam_eps"}
-
-  def __post_init__(self):
-    c = self._view()
-    cv.real(c, "learning_rate", lo=0.0, lo_open=True)
-    cv.integer(c, "lr_warmup_steps", lo=0)
-    cv.real(c, "weight_decay", lo=0.0)
-    cv.optional_real(c, "max_grad_norm", lo=0.0, lo_open=True)
-    cv.real(c, "adam_b1", lo=0.0, hi=1.0, hi_open=True)
-    cv.real(c, "adam_b2", lo=0.0, hi=1.0, hi_open=True)
-    cv.real(c, "adam_eps", lo=0.0, lo_open=True)
-
-  def schedule(self) -> optax.Schedule:
-    """Linear warm-up from 0 to `learning_rate` over `lr_warmup_steps`, then constant."""
+  def schedule(self):
+    """Linear warm-up from 0 to `learning_rate` over `lr_warmup_steps`, then constant (an
+    optax schedule)."""
+    import optax  # pylint: disable=g-import-not-at-top
     if not self.lr_warmup_steps:
       return optax.constant_schedule(self.learning_rate)  # a 0-step warm-up would stay at 0
     return optax.warmup_constant_schedule(0.0, self.learning_rate, self.lr_warmup_steps)
 
-  def build(self) -> optax.GradientTransformation:
+  def build(self):
     """The optax transformation. Weight decay applies to matrices only (not to norm scales or
     the value bias), as is usual."""
+    import jax  # pylint: disable=g-import-not-at-top
+    import optax  # pylint: disable=g-import-not-at-top
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    adamw = optax.adamw(self.schedule(), b1=self.b1, b2=self.b2, eps=self.eps,
+    adamw = optax.adamw(self.schedule(), b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps,
                         weight_decay=self.weight_decay, mask=decay_mask)
     if self.max_grad_norm is None:
       return adamw
@@ -535,44 +570,55 @@ class OptimizerSpec(_Spec):
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupSpec(_Spec):
+class RunSpec(cf.Spec):
+  """The run around the steps: seed, directory, mesh, length, logs and checkpoints."""
+  workdir: str = field("runs/pass_at_k", "the run directory")
+  seed: int = field(0, "the run's seed (sampling, a fresh model's weights)", lo=0, hi=2**31 - 1)
+  # From the newest readable checkpoint whose files match its checksum manifest (a damaged one is
+  # moved aside with a warning, the previous one used). With no checkpoint in workdir, a fresh
+  # run starts there and says so in one line.
+  resume: bool = field(False, "continue the run in workdir from its newest checkpoint")
+  mesh: tuple[int, int, int] = field((-1, 1, 1), "(data, fsdp, tensor) device counts; -1: the "
+                                     "remaining devices", check=check_mesh_shape)
+  num_steps: int = field(100, "RL steps", lo=0)
+  # In CPU-minutes (user + system, every thread of the process; ksjax.trainer.loop says what is
+  # counted): the run stops after the first step that brings the training loop's CPU time to
+  # it, checkpoints and evaluates as at num_steps. Warm-up and held-out evaluations are not
+  # counted; a resumed run continues its budget.
+  max_cpu_minutes: float | None = field(None, "a CPU budget for the RL steps; None or 0: none",
+                                        lo=0.0)
+  log_every: int = field(1, "steps between logged metrics", lo=1)
+  checkpoint_every: int = field(25, "steps between checkpoints", lo=1)
+  keep_checkpoints: int = field(3, "the newest checkpoints kept", lo=1)
+  async_checkpoints: bool = field(True, "write checkpoints while training goes on")
+  progress_bar: bool = field(True, "show a progress bar")
+
+  @property
+  def cpu_budget_seconds(self) -> float | None:
+    """config.max_cpu_minutes in CPU-seconds; None when there is no budget."""
+    return self.max_cpu_minutes * 60.0 if self.max_cpu_minutes else None
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupSpec(cf.Spec, path="sft_warmup"):
   """Supervised warm-up on the task's reference solutions, before RL (0 steps: none).
 
   With a `target_pass_at_1` (not None or 0), `steps` is the most it runs: every `check_every`
   steps it samples `calibration_samples` completions at temperature 1 for each of
-  `calibration_prompts` training prompts and stops at the first check whose pass@1 reaches the
-  target (`ksjax.trainer.warmup`).
+  `calibration_prompts` training prompts (fixed by the seed; never the held-out split) and stops
+  at the first check whose pass@1 reaches the target (`ksjax.trainer.warmup`): where a fixed
+  number of steps leaves the policy depends on the CPU's floating-point details.
   """
-  steps: int = 0
-  batch_size: int = 64
-  learning_rate: float = 3e-3
-  lr_warmup_steps: int = 20
-  weight_decay: float = 0.0
-  target_pass_at_1: float | None = None  # None or 0: exactly `steps` steps
-  check_every: int = 25
-  calibration_prompts: int = 32
-  calibration_samples: int = 4
-
-  CONFIG = {f: f"sft_warmup.{f}" for f in (
-      "steps", "batch_size", "learning_rate", "lr_warmup_steps", "weight_decay",
-      "target_pass_at_1", "check_every", "calibration_prompts", "calibration_samples")}
-
-  def __post_init__(self):
-    c = self._view()
-    cv.integer(c, "sft_warmup.steps", lo=0)
-    cv.integer(c, "sft_warmup.batch_size", lo=1)
-    cv.real(c, "sft_warmup.learning_rate", lo=0.0, lo_open=True)
-    cv.integer(c, "sft_warmup.lr_warmup_steps", lo=0)
-    cv.real(c, "sft_warmup.weight_decay", lo=0.0)
-    try:  # 0 as well as None: a command-line override cannot set a float field to None
-      cv.optional_real(c, "sft_warmup.target_pass_at_1", lo=0.0, hi=1.0, hi_open=True)
-    except ConfigError:
-      raise ConfigError(f"config.sft_warmup.target_pass_at_1={self.target_pass_at_1!r} is not "
-                        "accepted; expected None or 0 (a fixed number of steps) or a number in "
-                        "(0, 1) (the calibration pass@1 that stops the warm-up)") from None
-    cv.integer(c, "sft_warmup.check_every", lo=1)
-    cv.integer(c, "sft_warmup.calibration_prompts", lo=1)
-    cv.integer(c, "sft_warmup.calibration_samples", lo=1)
+  steps: int = field(0, "warm-up steps (the most, with a target); 0: no warm-up", lo=0)
+  batch_size: int = field(64, "reference solutions per step", lo=1)
+  learning_rate: float = field(3e-3, "the warm-up's AdamW learning rate", lo=0.0, lo_open=True)
+  lr_warmup_steps: int = field(20, "steps of its linear learning-rate warm-up", lo=0)
+  weight_decay: float = field(0.0, "its AdamW weight decay", lo=0.0)
+  target_pass_at_1: float | None = field(None, "the calibration pass@1 that stops it; None or 0: "
+                                         "`steps` steps", check=_target_pass_at_1)
+  check_every: int = field(25, "steps between calibration checks", lo=1)
+  calibration_prompts: int = field(32, "training prompts of a check", lo=1)
+  calibration_samples: int = field(4, "completions per prompt of a check", lo=1)
 
   @property
   def targeted(self) -> bool:
@@ -586,113 +632,93 @@ class WarmupSpec(_Spec):
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldOutSpec(_Spec):
+class HeldOutSpec(cf.Spec, path="eval"):
   """The held-out evaluation at the (warmed-up) start and at the end of a run, and the labelled
   probe every `probe_every` steps during it (`ksjax.trainer.probe`)."""
-  at_start: bool = True
-  at_end: bool = True
-  split: str = "test"
-  num_prompts: int | None = None   # None: the whole split
-  num_samples: int = 16            # n per prompt for the unbiased pass@k / maj@k
-  ks: tuple[int, ...] = (1, 4, 8, 16)
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  max_new_tokens: int = 64         # the config's None: the run's max_new_tokens
-  batch_prompts: int = 64          # prompts per sampler call
-  probe_every: int = 0             # RL steps between probes; 0: none
-  probe_prompts: int = 48          # held-out prompts of a probe, spread evenly over the split
-  probe_samples: int = 4           # n per probe prompt
+  at_start: bool = field(True, "evaluate the (warmed-up) start policy")
+  at_end: bool = field(True, "evaluate the final policy")
+  split: str = field("test", "the task split the problems come from")
+  num_prompts: int | None = field(None, "the first problems of the split; None: the whole split",
+                                  lo=1)
+  num_samples: int = field(16, "n per prompt for the unbiased pass@k / maj@k estimates", lo=1)
+  ks: tuple[int, ...] = field((1, 4, 8, 16), "the k of pass@k and maj@k", lo=1)
+  temperature: float = field(1.0, "the sampling temperature", lo=0.0)
+  top_p: float = field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0,
+                       lo_open=True)
+  top_k: int = field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+  max_new_tokens: int | None = field(None, "the most tokens a completion has; None: the run's "
+                                     "max_new_tokens", lo=1)
+  batch_prompts: int = field(64, "prompts per sampler call", lo=1)
+  # A labelled probe during training (a label-free run's true accuracy; any run's): logged as
+  # probe/pass_at_1, probe/maj_at_<n>, ...; its CPU time is not counted in max_cpu_minutes.
+  probe_every: int = field(0, "RL steps between probes; 0: none", lo=0)
+  probe_prompts: int = field(48, "held-out prompts of a probe, spread evenly over eval.split",
+                             lo=1)
+  probe_samples: int = field(4, "completions per probe prompt", lo=1)
 
-  @classmethod
-  def config_names(cls) -> dict[str, str]:
-    return {f.name: f"eval.{f.name}" for f in dataclasses.fields(cls)}
+  def __post_init__(self):
+    super().__post_init__()
+    self._ks_within_num_samples()
+
+  def _ks_within_num_samples(self):
+    for k in self.ks:
+      if k > self.num_samples:
+        raise ConfigError(f"config.eval.ks={self.ks!r} is not accepted; expected every k <= "
+                          f"eval.num_samples={self.num_samples}")
 
   def probe_at(self, step: int) -> bool:
     """Whether the probe runs after RL step `step` (1-based)."""
     return bool(self.probe_every) and step % self.probe_every == 0
 
-  def __post_init__(self):
-    c = self._view()
-    cv.boolean(c, "eval.at_start")
-    cv.boolean(c, "eval.at_end")
-    cv.string(c, "eval.split")
-    cv.integer(c, "eval.num_prompts", lo=1, allow_none=True)
-    eval_n = cv.integer(c, "eval.num_samples", lo=1)
-    ks = cv.int_tuple(c, "eval.ks", lo=1)
-    for ek in ks:
-      if ek > eval_n:
-        raise ConfigError(f"config.eval.ks={ks!r} is not accepted; expected every k <= "
-                          f"eval.num_samples={eval_n}")
-    cv.real(c, "eval.temperature", lo=0.0)
-    cv.real(c, "eval.top_p", lo=0.0, hi=1.0, lo_open=True)
-    cv.integer(c, "eval.top_k", lo=0)
-    cv.integer(c, "eval.max_new_tokens", lo=1)
-    cv.integer(c, "eval.batch_prompts", lo=1)
-    cv.integer(c, "eval.probe_every", lo=0)
-    cv.integer(c, "eval.probe_prompts", lo=1)
-    cv.integer(c, "eval.probe_samples", lo=1)
-    object.__setattr__(self, "ks", tuple(ks))
-
 
 @dataclasses.dataclass(frozen=True)
-class RunSpec(_Spec):
-  """The run around the steps: seed, directory, mesh, length, logs and checkpoints."""
-  workdir: str = "runs/pass_at_k"
-  seed: int = 0
-  resume: bool = False
-  mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the remaining devices
-  num_steps: int = 100
-  max_cpu_minutes: float | None = None  # the RL steps' CPU budget; None (or 0): none
-  log_every: int = 1
-  checkpoint_every: int = 25
-  keep_checkpoints: int = 3
-  async_checkpoints: bool = True
-  progress_bar: bool = True
-
-  def __post_init__(self):
-    c = self._view()
-    cv.string(c, "workdir")
-    cv.integer(c, "seed", lo=0, hi=2**31 - 1)
-    cv.boolean(c, "resume")
-    mesh = check_mesh_shape(c, "mesh")
-    cv.integer(c, "num_steps", lo=0)
-    cv.optional_real(c, "max_cpu_minutes", lo=0.0)
-    cv.integer(c, "log_every", lo=1)
-    cv.integer(c, "checkpoint_every", lo=1)
-    cv.integer(c, "keep_checkpoints", lo=1)
-    cv.boolean(c, "async_checkpoints")
-    cv.boolean(c, "progress_bar")
-    object.__setattr__(self, "mesh", mesh)
-
-  @property
-  def cpu_budget_seconds(self) -> float | None:
-    """config.max_cpu_minutes in CPU-seconds; None when there is no budget."""
-    return self.max_cpu_minutes * 60.0 if self.max_cpu_minutes else None
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-  """A whole training run. `config_json` is the ConfigDict it came from, as JSON-ready data:
-  what the run directory and every checkpoint record."""
-  task: TaskSpec
-  model: ModelSpec
-  sampling: SamplingSpec
-  estimator: EstimatorSpec
-  loss: LossSpec
-  optimizer: OptimizerSpec
-  warmup: WarmupSpec
-  held_out: HeldOutSpec
-  run: RunSpec
+class TrainSpec(cf.Spec):
+  """A whole training run: every field of the trainer config. `config_json` is the ConfigDict it
+  came from, as JSON-ready data: what the run directory and every checkpoint record."""
+  task: TaskSpec = group(TaskSpec, "the task, its rewards, options and data")
+  model: ModelSpec = group(ModelSpec, "the starting policy")
+  sampling: SamplingSpec = group(SamplingSpec, "sampling (Algorithm 1, step ii)")
+  estimator: EstimatorSpec = group(EstimatorSpec, "the k-sample objective and its estimator")
+  loss: LossSpec = group(LossSpec, "the policy-gradient stack")
+  optimizer: OptimizerSpec = group(OptimizerSpec, "the optimizer")
+  run: RunSpec = group(RunSpec, "the run around the steps")
+  sft_warmup: WarmupSpec = section(WarmupSpec, "supervised warm-up on reference solutions, "
+                                   "before RL")
+  eval: HeldOutSpec = section(HeldOutSpec, "held-out evaluation at the (warmed-up) start and at "
+                              "the end")
   config_json: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __post_init__(self):
+    super().__post_init__()
+    self._resolve_dependent_defaults()
+    self._a_pretrained_task_needs_weights()
+    self.estimator.check_with(self.sampling.n)
+    self._the_scale_fits_the_algorithm()
+    self._minibatches_divide_the_rows()
+    self._micro_batches_divide_a_minibatch()
+
+  def _resolve_dependent_defaults(self):
+    """The one place that fills the fields whose None means another field's value: n = k, the
+    token_sum constant C = max_new_tokens, a micro-batch = every row of a mini-batch, the held-out
+    evaluation's max_new_tokens = the run's."""
+    def fill(concern: str, **values):
+      spec = getattr(self, concern)
+      missing = {name: value for name, value in values.items() if getattr(spec, name) is None}
+      if missing:  # made again, so the spec's rules see the filled values too
+        object.__setattr__(self, concern, dataclasses.replace(spec, **missing))
+    fill("sampling", n=self.estimator.k)
+    fill("loss", loss_constant=float(self.sampling.max_new_tokens),
+         micro_batch_size=self.sampling.rows // self.loss.num_minibatches)
+    fill("eval", max_new_tokens=self.sampling.max_new_tokens)
+
+  def _a_pretrained_task_needs_weights(self):
     if not self.task.is_synthetic and not self.model.pretrained:
       raise ConfigError(f"config.init_hf is missing; task {self.task.name!r} trains a "
                         "pre-trained model: expected a Hugging Face Llama directory (or "
                         "config.init_checkpoint, a ksjax.model checkpoint, or config.init_gguf, "
                         "a GGUF file)")
-    self.estimator.check_with(self.sampling.n)
+
+  def _the_scale_fits_the_algorithm(self):
     scale, algorithm = self.estimator.scale, self.loss.algorithm
     if algorithm == "grpo" and scale != "group_std":
       raise ConfigError(f"config.scale={scale!r} is not accepted with algorithm='grpo', which "
@@ -702,10 +728,14 @@ class TrainSpec:
       raise ConfigError(f"config.scale={scale!r} is not accepted with algorithm='dr_grpo', "
                         "which does not divide by the group's standard deviation; expected "
                         "'none' (or algorithm='grpo')")
+
+  def _minibatches_divide_the_rows(self):
     rows, minibatches = self.sampling.rows, self.loss.num_minibatches
     if rows % minibatches:
       raise ConfigError(f"config.num_minibatches={minibatches} is not accepted; expected a "
                         f"divisor of the completions per step, batch_prompts * n = {rows}")
+
+  def _micro_batches_divide_a_minibatch(self):
     if self.minibatch_rows % self.loss.micro_batch_size:
       raise ConfigError(f"config.micro_batch_size={self.loss.micro_batch_size} is not accepted; "
                         f"expected a divisor of the rows per optimizer step, "
@@ -724,38 +754,10 @@ class TrainSpec:
                         f"multiple of the batch shards data x fsdp = {batch_shards}")
 
 
-def _read(cls, config: Any, **resolved) -> Any:
-  """`cls` from its config fields; `resolved` replaces fields whose config value depends on
-  others."""
-  values = {attr: cv.get(config, name) for attr, name in cls.config_names().items()}
-  values.update(resolved)
-  return cls(**values)
-
-
 def from_config(config: Any) -> TrainSpec:
   """The one reader of a trainer ConfigDict. Raises ConfigError naming the field."""
-  cv.known_fields(config, run_config.base_config(), "the trainer config")
-  task = _read(TaskSpec, config)
-  model = _read(ModelSpec, config)
-  k = cv.integer(config, "k", lo=1)
-  n = cv.integer(config, "n", lo=1, allow_none=True)
-  max_new = cv.integer(config, "max_new_tokens", lo=1)
-  sampling = _read(SamplingSpec, config, n=k if n is None else n)
-  estimator = _read(EstimatorSpec, config)
-  constant = cv.optional_real(config, "loss_constant", lo=0.0, lo_open=True)
-  minibatches = cv.integer(config, "num_minibatches", lo=1)
-  micro = cv.integer(config, "micro_batch_size", lo=1, allow_none=True)
-  loss = _read(LossSpec, config, loss_constant=float(max_new) if constant is None else constant,
-               micro_batch_size=sampling.rows // minibatches if micro is None else micro)
-  optimizer = _read(OptimizerSpec, config)
-  run = _read(RunSpec, config)
-  warmup = _read(WarmupSpec, config)
-  eval_max_new = cv.integer(config, "eval.max_new_tokens", lo=1, allow_none=True)
-  held_out = _read(HeldOutSpec, config,
-                   max_new_tokens=max_new if eval_max_new is None else eval_max_new)
-  return TrainSpec(task=task, model=model, sampling=sampling, estimator=estimator, loss=loss,
-                   optimizer=optimizer, warmup=warmup, held_out=held_out, run=run,
-                   config_json=config_json(config))
+  cv.known_fields(config, cf.config_dict(TrainSpec), "the trainer config")
+  return cf.read(TrainSpec, config, config_json=config_json(config))
 
 
 def config_json(config: Any) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """From a run's task spec to the task, its tokenizer and the training prompt stream.
 
-`ksjax.tasks.registry.make_task` is the one place that knows the tasks; this module only turns a
-`TaskSpec` into its arguments and opens the grain iterator (checkpointable state) over the
-training prompts: a generated task's prompts in memory, or a built dataset's records mapped
-through `Task.prompt_from_record`.
+`ksjax.tasks.registry.make_task` is the one place that knows the tasks; this module only gives
+it what a `TaskSpec` holds (the task's own options section, the rewards, the model's tokenizer
+and chat template) and opens the grain iterator (checkpointable state) over the training
+prompts: a generated task's prompts in memory, or a built dataset's records mapped through
+`Task.prompt_from_record`.
 
 Instruct models bring their own tokenizer and chat template: a GGUF file carries both in its
 metadata; a Hugging Face directory has tokenizer.json and tokenizer_config.json. A chat task's
@@ -20,14 +21,13 @@ import grain
 from ksjax.config_validation import ConfigError
 from ksjax.run.spec import ModelSpec, TaskSpec
 from ksjax.tasks import data, registry
-from ksjax.tasks import reasoning_gym as gym_task
 from ksjax.tasks.base import Task
 from ksjax.tasks.chat import ChatTemplate
 from ksjax.tokenization import Tokenizer
 
 
 def _from_gguf(task: TaskSpec, model: ModelSpec) -> bool:
-  return task.tokenizer_path is None and model.init_gguf is not None
+  return task.tokenizer.path is None and model.init_gguf is not None
 
 
 def tokenizer(task: TaskSpec, model: ModelSpec) -> Tokenizer:
@@ -38,14 +38,14 @@ def tokenizer(task: TaskSpec, model: ModelSpec) -> Tokenizer:
       return Tokenizer.from_gguf(model.init_gguf)
     except (gguf_io.GGUFError, FileNotFoundError, OSError) as e:
       raise ConfigError(f"config.init_gguf: {e}") from None
-  path = task.tokenizer_path or model.init_hf
+  path = task.tokenizer.path or model.init_hf
   if path is None:
     raise ConfigError(f"config.tokenizer.path is missing; task {task.name!r} tokenizes with the "
                       "model's tokenizer: expected a tokenizer.json (or config.init_hf or "
                       "config.init_gguf)")
   try:
-    return Tokenizer.from_file(os.fspath(path), bos=task.tokenizer_bos,
-                               eos=tuple(task.tokenizer_eos), pad=task.tokenizer_pad)
+    return Tokenizer.from_file(os.fspath(path), bos=task.tokenizer.bos, eos=task.tokenizer.eos,
+                               pad=task.tokenizer.pad)
   except (FileNotFoundError, ValueError) as e:
     raise ConfigError(f"config.tokenizer: {e}") from None
 
@@ -65,7 +65,7 @@ def chat_template(task: TaskSpec, model: ModelSpec, tok: Tokenizer) -> ChatTempl
     template = ChatTemplate.from_string(source, bos_token=name(tok.bos_id),
                                         eos_token=name(tok.eos_id))
   else:
-    path = task.tokenizer_path or model.init_hf
+    path = task.tokenizer.path or model.init_hf
     directory = path if path is None or os.path.isdir(path) else os.path.dirname(path)
     try:
       template = ChatTemplate.from_tokenizer_config(directory)
@@ -73,7 +73,7 @@ def chat_template(task: TaskSpec, model: ModelSpec, tok: Tokenizer) -> ChatTempl
       raise ConfigError(f"config.tokenizer: no chat template for task {task.name!r} ({e}); "
                         "expected a tokenizer_config.json with chat_template beside the "
                         "tokenizer") from None
-  return template.with_system_prompt(task.system_prompt)
+  return template.with_system_prompt(task.chat.system_prompt)
 
 
 def with_end_of_turn(tok: Tokenizer, template: ChatTemplate) -> Tokenizer:
@@ -85,37 +85,22 @@ def with_end_of_turn(tok: Tokenizer, template: ChatTemplate) -> Tokenizer:
 
 def make_task(task: TaskSpec, model: ModelSpec, eval_split: str) -> Task:
   """The task `task` names; a dataset task loads `eval_split` besides the training split."""
+  kwargs = dict(correct_reward=task.correct_reward, wrong_reward=task.wrong_reward,
+                **(task.options.values() if task.options else {}))
   if task.is_synthetic:
-    return registry.make_task(
-        "synthetic", seed=task.synthetic_seed, levels=task.synthetic_levels,
-        train_per_level=task.synthetic_train_per_level,
-        test_per_level=task.synthetic_test_per_level,
-        num_solutions=task.synthetic_num_solutions, reward_correct=task.correct_reward,
-        reward_wrong=task.wrong_reward, modulus=task.synthetic_modulus)
+    return registry.make_task(task.name, **kwargs)
   if task.name in registry.CHAT_TASKS:
     tok = tokenizer(task, model)
     template = chat_template(task, model, tok)
-    if task.name == "reasoning_gym":
-      options = dict(datasets=task.reasoning_gym_datasets, seed=task.reasoning_gym_seed,
-                     options=gym_task.thaw_options(task.reasoning_gym_options),
-                     train_per_level=task.reasoning_gym_train_per_level,
-                     test_per_level=task.reasoning_gym_test_per_level)
-    else:
-      options = dict(seed=task.arithmetic_seed, levels=task.arithmetic_levels,
-                     train_per_level=task.arithmetic_train_per_level,
-                     test_per_level=task.arithmetic_test_per_level)
-    return registry.make_task(
-        task.name, tokenizer=with_end_of_turn(tok, template), chat_template=template,
-        reward_correct=task.correct_reward, reward_wrong=task.wrong_reward,
-        workers=task.reward_workers, **options)
-  if task.data_dir is None:
+    return registry.make_task(task.name, tokenizer=with_end_of_turn(tok, template),
+                              chat_template=template, workers=task.reward_workers, **kwargs)
+  if task.data.data_dir is None:
     raise ConfigError(f"config.data.data_dir is missing; task {task.name!r} reads a dataset "
                       "built by `python -m ksjax.tasks.data`: expected its data_dir")
-  options = dict(reward_correct=task.correct_reward, reward_wrong=task.wrong_reward)
   if task.name in registry.MATH_TASKS:
-    options["workers"] = task.reward_workers
+    kwargs["workers"] = task.reward_workers
   return registry.make_task(task.name, tokenizer=tokenizer(task, model),
-                            data_dir=task.data_dir, splits=(eval_split,), **options)
+                            data_dir=task.data.data_dir, splits=(eval_split,), **kwargs)
 
 
 def train_iterator(spec: TaskSpec, task: Task, *, batch_prompts: int,
@@ -125,6 +110,6 @@ def train_iterator(spec: TaskSpec, task: Task, *, batch_prompts: int,
     source = task.prompts("train")
     transform = None
   else:
-    source = data.load_records(spec.name, spec.train_split, data_dir=spec.data_dir)
+    source = data.load_records(spec.name, spec.data.train_split, data_dir=spec.data.data_dir)
     transform = task.prompt_from_record
   return data.batch_iterator(source, batch_size=batch_prompts, seed=seed, transform=transform)

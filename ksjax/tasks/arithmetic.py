@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from ksjax import config_fields as cf
+from ksjax import config_validation as cv
 from ksjax.tasks import math_answer
 from ksjax.tasks.base import GroupScore, Prompt, Task
 from ksjax.tasks.chat import ChatTemplate
@@ -283,6 +285,18 @@ def extract_answer(completion: str) -> str | None:
   return last.group(1) + last.group(2).replace(",", "")
 
 
+@dataclasses.dataclass(frozen=True)
+class ArithmeticOptions(cf.Spec, path="arithmetic"):
+  """The task's options in a run's config (config.arithmetic); also `ArithmeticTask`'s
+  defaults."""
+  seed: int = cf.field(0, "fixes the train and test problems (independent of the run's seed)",
+                       lo=0, hi=2**32 - 1)
+  levels: tuple[int, ...] = cf.field(LEVELS, "the levels in both splits",
+                                     check=lambda c, name: cv.distinct_levels(c, name, LEVELS))
+  train_per_level: int = cf.field(500, "training problems per level (level 1 has fewer)", lo=1)
+  test_per_level: int = cf.field(40, "test problems per level (level 1 has at most 55)", lo=1)
+
+
 class ArithmeticTask(Task):
   """Arithmetic word problems in a chat template, scored by math-verify (module docstring).
 
@@ -293,7 +307,7 @@ class ArithmeticTask(Task):
     levels: the levels to include (of LEVELS).
     train_per_level, test_per_level: problems per level and split (level 1 has at most 55
       test problems and gives fewer training problems than asked).
-    reward_correct, reward_wrong: the reward of a correct and of any other completion.
+    correct_reward, wrong_reward: the reward of a correct and of any other completion.
     workers, timeout_s, memory_limit_bytes: the checker pool, as in `MathTask`.
     system_prompt: a system message before each question (None: the template's own; with
       SmolLM2's, its default system message).
@@ -304,10 +318,11 @@ class ArithmeticTask(Task):
 
   name = "arithmetic"
 
-  def __init__(self, *, tokenizer: Tokenizer, chat_template: ChatTemplate | str, seed: int = 0,
-               levels: Sequence[int] = LEVELS, train_per_level: int = 500,
-               test_per_level: int = 40, reward_correct: float = 1.0,
-               reward_wrong: float = -1.0, workers: int = 2, system_prompt: str | None = None,
+  def __init__(self, *, tokenizer: Tokenizer, chat_template: ChatTemplate | str,
+               seed: int = ArithmeticOptions.seed, levels: Sequence[int] = ArithmeticOptions.levels,
+               train_per_level: int = ArithmeticOptions.train_per_level,
+               test_per_level: int = ArithmeticOptions.test_per_level, correct_reward: float = 1.0,
+               wrong_reward: float = -1.0, workers: int = 2, system_prompt: str | None = None,
                instruction: str = DEFAULT_INSTRUCTION, timeout_s: float = 5.0,
                memory_limit_bytes: int = 2 << 30, checker: AnswerChecker | None = None):
     if not isinstance(tokenizer, Tokenizer):
@@ -324,8 +339,8 @@ class ArithmeticTask(Task):
     self.chat_template = chat_template
     self.instruction = instruction
     self.seed = seed
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
+    self.correct_reward = float(correct_reward)
+    self.wrong_reward = float(wrong_reward)
     self._levels = tuple(sorted(set(levels)))
     self._problems = generate_split_problems(seed=seed, train_per_level=train_per_level,
                                              test_per_level=test_per_level, levels=self._levels)
@@ -382,4 +397,4 @@ class ArithmeticTask(Task):
       raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
     answers = [[extract_answer(c) for c in group] for group in completions]  # [G][n]
     return score_answers(self.checker, [p.reference for p in prompts], answers,
-                         reward_correct=self.reward_correct, reward_wrong=self.reward_wrong)
+                         correct_reward=self.correct_reward, wrong_reward=self.wrong_reward)

@@ -102,7 +102,7 @@ class CodeTask(RecordTask):
   READERS = {"code_contests": read_code_contests, "taco": read_taco}
 
   def __init__(self, splits: Mapping[str, Source], tokenizer: Tokenizer, *,
-               fmt: str | None = None, reward_correct: float = 1.0, reward_wrong: float = -1.0,
+               fmt: str | None = None, correct_reward: float = 1.0, wrong_reward: float = -1.0,
                max_tests: int | None = None, max_program_chars: int = 1 << 16,
                sandbox: Sandbox | None = None, sandbox_config: SandboxConfig | None = None,
                name: str = "code"):
@@ -110,8 +110,8 @@ class CodeTask(RecordTask):
       raise ValueError(f"max_tests={max_tests!r} is not accepted; expected None or >= 1")
     self.max_tests = max_tests
     self.max_program_chars = max_program_chars
-    super().__init__(splits, tokenizer, fmt=fmt, reward_correct=reward_correct,
-                     reward_wrong=reward_wrong, name=name)
+    super().__init__(splits, tokenizer, fmt=fmt, correct_reward=correct_reward,
+                     wrong_reward=wrong_reward, name=name)
     self.sandbox = sandbox or self._own(Sandbox(sandbox_config))
 
   @staticmethod
@@ -187,7 +187,7 @@ class CodeTask(RecordTask):
       correct = np.array([r is not None and r.passed for r in ran], dtype=bool)  # [n]
       keys = [None if r is None else ("passed",) if r.passed else ("failed", r.behaviour)
               for r in ran]
-      rewards = np.where(correct, self.reward_correct, self.reward_wrong).astype(np.float32)  # [n]
+      rewards = np.where(correct, self.correct_reward, self.wrong_reward).astype(np.float32)  # [n]
       scores.append(GroupScore(rewards=rewards, correct=correct, answers=tuple(group),
                                answer_ids=answer_classes(keys)))
     return scores

@@ -5,7 +5,7 @@ Scoring a group of n completions (one prompt):
    string scan).
 2. Check each distinct answer against the gold in the checker's worker pool, all groups of the
    call in one parallel batch; only Verdict.EQUAL is correct. A timed-out, crashed or unparsable
-   check is wrong: it earns `reward_wrong`, never an exception.
+   check is wrong: it earns `wrong_reward`, never an exception.
 3. Answer classes for majority voting: every correct answer is in one class (each equals the gold);
    completions without an answer share one class; wrong answers are grouped by pairwise
    `verify(representative, answer)`, each new answer compared with one representative per existing
@@ -69,14 +69,14 @@ class MathTask(RecordTask):
 
   def __init__(self, splits: Mapping[str, Source], tokenizer: Tokenizer, *,
                fmt: str | None = None, template: str = DEFAULT_TEMPLATE,
-               reward_correct: float = 1.0, reward_wrong: float = -1.0, timeout_s: float = 5.0,
+               correct_reward: float = 1.0, wrong_reward: float = -1.0, timeout_s: float = 5.0,
                workers: int = 2, memory_limit_bytes: int = 2 << 30,
                checker: AnswerChecker | None = None, name: str = "math"):
     if "{problem}" not in template:
       raise ValueError(f"template must contain a {{problem}} field; got {template[:80]!r}")
     self.template = template
-    super().__init__(splits, tokenizer, fmt=fmt, reward_correct=reward_correct,
-                     reward_wrong=reward_wrong, name=name)
+    super().__init__(splits, tokenizer, fmt=fmt, correct_reward=correct_reward,
+                     wrong_reward=wrong_reward, name=name)
     self.checker = checker or self._own(AnswerChecker(CheckerConfig(
         workers=workers, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes)))
 
@@ -107,12 +107,12 @@ class MathTask(RecordTask):
       raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
     answers = [[extract_answer(c) for c in group] for group in completions]  # [G][n]
     return score_answers(self.checker, [p.reference for p in prompts], answers,
-                         reward_correct=self.reward_correct, reward_wrong=self.reward_wrong)
+                         correct_reward=self.correct_reward, wrong_reward=self.wrong_reward)
 
 
 def score_answers(checker: AnswerChecker, golds: Sequence[str],
-                  answers: Sequence[Sequence[str | None]], *, reward_correct: float,
-                  reward_wrong: float) -> list[GroupScore]:
+                  answers: Sequence[Sequence[str | None]], *, correct_reward: float,
+                  wrong_reward: float) -> list[GroupScore]:
   """Steps 2 and 3 of the module docstring for already extracted answers: `answers[g]` (n
   answers, None where a completion states none) against `golds[g]`, for every group g.
 
@@ -168,7 +168,7 @@ def score_answers(checker: AnswerChecker, golds: Sequence[str],
                         for k in group], dtype=bool)  # [n]
     class_keys = [("none",) if k is None else ("correct",) if ok else ("wrong", wrong_class[g][k])
                   for k, ok in zip(group, correct)]
-    rewards = np.where(correct, reward_correct, reward_wrong).astype(np.float32)  # [n]
+    rewards = np.where(correct, correct_reward, wrong_reward).astype(np.float32)  # [n]
     scores.append(GroupScore(rewards=rewards, correct=correct, answers=tuple(answers[g]),
                              answer_ids=answer_classes(class_keys)))
   return scores

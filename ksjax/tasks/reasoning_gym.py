@@ -39,8 +39,8 @@ answer is", else the last number); otherwise its last non-empty line without Mar
 it) shows in the logs rather than only in the reward.
 
 Scoring. Rewards are the dataset's grades mapped onto the run's reward range:
-reward = reward_wrong + (reward_correct - reward_wrong) * score, so reward_correct=1 and
-reward_wrong=0 give `score_answer` itself, partial credit included; a completion is correct at
+reward = wrong_reward + (correct_reward - wrong_reward) * score, so correct_reward=1 and
+wrong_reward=0 give `score_answer` itself, partial credit included; a completion is correct at
 full credit (score >= 1). Completions without an answer get the grade of `score_answer(None)`.
 Model output is adversarial input to the verifiers: some parse it with `Fraction` (whose
 "1e999999999" is a ten-digit number with a billion zeros) and several pass it to `eval` or
@@ -83,6 +83,8 @@ from typing import Any
 
 import numpy as np
 
+from ksjax import config_fields as cf
+from ksjax import config_validation as cv
 from ksjax.config_validation import ConfigError
 from ksjax.tasks import arithmetic
 from ksjax.tasks.base import GroupScore, Prompt, Task, answer_classes
@@ -256,6 +258,39 @@ def check_datasets(mix: Sequence[tuple[str, float]], options: Mapping[str, Mappi
                         f"{config_cls.__name__}: {type(e).__name__}: {e}") from None
     checked[name] = given
   return checked
+
+
+def _held_mix(config: Any, name: str) -> str:
+  """Config field `name` as written, if `parse_mix` accepts it."""
+  text = cv.get(config, name)
+  parse_mix(text, f"config.{name}")
+  return text
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasoningGymOptions(cf.Spec, path="reasoning_gym"):
+  """The task's options in a run's config (config.reasoning_gym); also `ReasoningGymTask`'s
+  defaults. A level is a dataset: its name is the per-level breakdown's key."""
+  datasets: str = cf.field("chain_sum", "a dataset, or a weighted mix \"chain_sum:2,dice:1\"",
+                           check=_held_mix)
+  # A config file sets it to a dict; --config.reasoning_gym.options.<d>.<o>= then overrides the
+  # options it names. Held frozen: ((dataset, ((option, value), ...)), ...).
+  options: Any = cf.field(None, "{dataset: {option: value}} for each dataset's reasoning-gym "
+                          "config (not seed or size); None: the defaults",
+                          check=lambda c, name: freeze_options(cv.get(c, name), f"config.{name}"))
+  seed: int = cf.field(0, "fixes the train and test problems (independent of the run's seed)",
+                       lo=0, hi=2**32 - 1)
+  train_per_level: int = cf.field(500, "training problems of a dataset of weight 1", lo=1)
+  test_per_level: int = cf.field(32, "test problems of each dataset", lo=1)
+
+  def values(self) -> dict[str, Any]:
+    """The options as `ReasoningGymTask` takes them (`options` a mapping)."""
+    return {**super().values(), "options": thaw_options(self.options)}
+
+  def check_served(self) -> None:
+    """`check_datasets` on reasoning-gym itself: needs the package, so it runs only for a run of
+    this task (ConfigError)."""
+    check_datasets(parse_mix(self.datasets), thaw_options(self.options), f"config.{self.PATH}")
 
 
 def extract_answer(completion: str, gold: str = "") -> tuple[str | None, str]:
@@ -522,7 +557,7 @@ class ReasoningGymTask(Task):
     seed: fixes both splits.
     train_per_level: training problems of a dataset of weight 1 (a level is a dataset).
     test_per_level: test problems of each dataset.
-    reward_correct, reward_wrong: the rewards of score 1 and score 0 (linear in between).
+    correct_reward, wrong_reward: the rewards of score 1 and score 0 (linear in between).
     workers, timeout_s, memory_limit_bytes: the verifiers' worker pool.
     system_prompt: a system message before each question (None: the template's own).
     instruction: put after each question in the user message.
@@ -531,9 +566,12 @@ class ReasoningGymTask(Task):
   name = "reasoning_gym"
 
   def __init__(self, *, tokenizer: Tokenizer, chat_template: ChatTemplate | str,
-               datasets: str = "chain_sum", options: Mapping[str, Mapping[str, Any]] | None = None,
-               seed: int = 0, train_per_level: int = 500, test_per_level: int = 32,
-               reward_correct: float = 1.0, reward_wrong: float = -1.0, workers: int = 2,
+               datasets: str = ReasoningGymOptions.datasets,
+               options: Mapping[str, Mapping[str, Any]] | None = None,
+               seed: int = ReasoningGymOptions.seed,
+               train_per_level: int = ReasoningGymOptions.train_per_level,
+               test_per_level: int = ReasoningGymOptions.test_per_level,
+               correct_reward: float = 1.0, wrong_reward: float = -1.0, workers: int = 2,
                timeout_s: float = 5.0, memory_limit_bytes: int = 2 << 30,
                system_prompt: str | None = None, instruction: str = DEFAULT_INSTRUCTION):
     if not isinstance(tokenizer, Tokenizer):
@@ -546,8 +584,8 @@ class ReasoningGymTask(Task):
     self.tokenizer = tokenizer
     self.chat_template = chat_template
     self.instruction = instruction
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
+    self.correct_reward = float(correct_reward)
+    self.wrong_reward = float(wrong_reward)
     self.mix = parse_mix(datasets)
     self.options = check_datasets(self.mix, options or {})
     self._problems = generate_split_problems(self.mix, self.options, seed=seed,
@@ -627,13 +665,13 @@ class ReasoningGymTask(Task):
     with self._counts_lock:
       self._extraction.update(counts)
     out = []
-    span = self.reward_correct - self.reward_wrong
+    span = self.correct_reward - self.wrong_reward
     for g, (prompt, row) in enumerate(zip(prompts, extracted)):
       dataset = prompt.reference.dataset
       scores = np.asarray([grades[index[(g, a)]] or 0.0 for a in row], np.float64)
       keys = [None if a is None else (float(s), class_key(dataset, a))
               for a, s in zip(row, scores)]
       out.append(GroupScore(
-          rewards=(self.reward_wrong + span * scores).astype(np.float32),
+          rewards=(self.wrong_reward + span * scores).astype(np.float32),
           correct=scores >= 1.0, answers=tuple(row), answer_ids=answer_classes(keys)))
     return out

@@ -45,20 +45,20 @@ class RecordTask(Task):
       come from the data pipeline (`prompt_from_record`).
     tokenizer: encodes the prompt text.
     fmt: the reader (a key of READERS) of the splits given as paths.
-    reward_correct, reward_wrong: rewards of a correct and of any other completion.
+    correct_reward, wrong_reward: rewards of a correct and of any other completion.
     name: the task's name in logs.
   """
 
   READERS: ClassVar[Mapping[str, Callable[[str], Iterable[Mapping[str, Any]]]]]
 
   def __init__(self, splits: Mapping[str, Source], tokenizer: Tokenizer, *, fmt: str | None,
-               reward_correct: float, reward_wrong: float, name: str):
+               correct_reward: float, wrong_reward: float, name: str):
     if fmt is not None and fmt not in self.READERS:
       raise ValueError(f"fmt={fmt!r} is not accepted; expected one of {sorted(self.READERS)}")
     self.name = name
     self.tokenizer = tokenizer
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
+    self.correct_reward = float(correct_reward)
+    self.wrong_reward = float(wrong_reward)
     self._owned: list[_Closable] = []
     self._records: dict[str, list[dict[str, Any]]] = {}
     for split, source in splits.items():

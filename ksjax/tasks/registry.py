@@ -1,11 +1,13 @@
-"""Tasks by name: the one place that maps a config's task name to a `Task`.
+"""Tasks by name: the one place that maps a config's task name to a `Task`, and each task to the
+options it takes from a run's config.
 
 "synthetic" is generated in memory and brings its own character tokenizer; "arithmetic" and
 "reasoning_gym" (reasoning-gym's generators, an optional package) are generated in memory too,
 for the model's tokenizer and chat template. The others read a dataset
 built by `ksjax.tasks.data` (array_record files under `data_dir`) and tokenize with the model's
-tokenizer. Task modules are imported only when their task is asked for, so the
-embedded task does not start math-verify worker pools or load the sandbox.
+tokenizer. Importing this module loads neither jax nor a dataset reader, so that config files
+can name the tasks and their options: the task classes are built on request, and the embedded task
+does not start math-verify worker pools or load the sandbox.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ksjax.tasks import data
+from ksjax.tasks import arithmetic, reasoning_gym, synthetic
 from ksjax.tasks.base import Task
 from ksjax.tokenization import Tokenizer
 
@@ -23,6 +25,10 @@ CODE_TASKS = ("code_contests", "taco")
 # Generated in memory for an instruct model: its tokenizer and chat template come from the run.
 CHAT_TASKS = ("arithmetic", "reasoning_gym")
 TASKS = ("synthetic",) + CHAT_TASKS + MATH_TASKS + CODE_TASKS
+# The options of the tasks that have any: each is the section of a run's config named after its
+# task (config.synthetic, ...), passed to the task's class as keyword arguments.
+OPTIONS = {"synthetic": synthetic.SyntheticOptions, "arithmetic": arithmetic.ArithmeticOptions,
+           "reasoning_gym": reasoning_gym.ReasoningGymOptions}
 
 
 def make_task(name: str, *, tokenizer: Tokenizer | None = None,
@@ -38,30 +44,25 @@ def make_task(name: str, *, tokenizer: Tokenizer | None = None,
     splits: the splits to hold in memory for `Task.prompts` (default: every built split). Pass
       () when prompts come only from the data pipeline (`batch_iterator(load_records(...),
       transform=task.prompt_from_record)`), e.g. for CodeContests, whose tests are large.
-    **options: keyword arguments of the task class (`SyntheticTask`, `ArithmeticTask`, `MathTask`,
-      `CodeTask`), e.g. rewards, worker counts, the synthetic task's seed and sizes; for
-      "arithmetic": chat_template, seed, levels, train_per_level, test_per_level, reward_correct,
-      reward_wrong, workers, system_prompt; for "reasoning_gym" (`ReasoningGymTask`):
-      chat_template, datasets, options, seed, train_size, test_per_dataset, reward_correct,
-      reward_wrong, workers, system_prompt.
+    **options: keyword arguments of the task class (`SyntheticTask`, `ArithmeticTask`,
+      `ReasoningGymTask`, `MathTask`, `CodeTask`): the fields of its OPTIONS, correct_reward and
+      wrong_reward, worker counts; for CHAT_TASKS, chat_template and system_prompt.
   """
   if name not in TASKS:
     raise ValueError(f"task {name!r} is not accepted; expected one of "
                      f"{', '.join(TASKS)}")
   if name == "synthetic":
-    from ksjax.tasks.synthetic import SyntheticTask  # pylint: disable=g-import-not-at-top
-    return SyntheticTask(tokenizer=tokenizer, **options)
+    return synthetic.SyntheticTask(tokenizer=tokenizer, **options)
   if name in CHAT_TASKS:
     if tokenizer is None:
       raise ValueError(f"task {name!r} needs the model's tokenizer (and chat_template=)")
     if name == "reasoning_gym":
-      from ksjax.tasks.reasoning_gym import ReasoningGymTask  # pylint: disable=g-import-not-at-top
-      return ReasoningGymTask(tokenizer=tokenizer, **options)
-    from ksjax.tasks.arithmetic import ArithmeticTask  # pylint: disable=g-import-not-at-top
-    return ArithmeticTask(tokenizer=tokenizer, **options)
+      return reasoning_gym.ReasoningGymTask(tokenizer=tokenizer, **options)
+    return arithmetic.ArithmeticTask(tokenizer=tokenizer, **options)
   if tokenizer is None or data_dir is None:
     raise ValueError(f"task {name!r} needs the model's tokenizer and the data_dir of its built "
                      "dataset (see ksjax.tasks.data.build)")
+  from ksjax.tasks import data  # pylint: disable=g-import-not-at-top
   if splits is None:
     splits = data.built_splits(name, data_dir=data_dir)
   records = {split: data.load_records(name, split, data_dir=data_dir) for split in splits}

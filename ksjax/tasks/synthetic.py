@@ -73,6 +73,8 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
+from ksjax import config_fields as cf
+from ksjax import config_validation as cv
 from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
 from ksjax.tokenization import Tokenizer
 
@@ -82,6 +84,7 @@ DEFAULT_MODULUS = 10
 MAX_MODULUS = 100
 LEVELS = (1, 2, 3, 4, 5)
 SPLITS = ("train", "test")
+MAX_TEST_PER_LEVEL = 155  # level 1's distinct problems (module docstring)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -107,6 +110,21 @@ def check_modulus(modulus: Any) -> int:
     raise ValueError(f"modulus={modulus!r} is not accepted; expected an integer from 2 to "
                      f"{MAX_MODULUS}")
   return modulus
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticOptions(cf.Spec, path="synthetic"):
+  """The task's options in a run's config (config.synthetic); also `SyntheticTask`'s defaults."""
+  seed: int = cf.field(0, "fixes the train and test problems (independent of the run's seed)",
+                       lo=0, hi=2**32 - 1)
+  levels: tuple[int, ...] = cf.field(LEVELS, "the levels (operations per problem) in both splits",
+                                     check=lambda c, name: cv.distinct_levels(c, name, LEVELS))
+  train_per_level: int = cf.field(800, "training problems per level (level 1 has fewer)", lo=1)
+  test_per_level: int = cf.field(60, "test problems per level", lo=1, hi=MAX_TEST_PER_LEVEL)
+  num_solutions: int = cf.field(4, "reference solutions (routes) per problem for the warm-up",
+                                lo=1)
+  modulus: int = cf.field(DEFAULT_MODULUS, "the answers are 0..modulus-1; the problems do not "
+                          "change", lo=2, hi=MAX_MODULUS)
 
 
 def _prompt_suffix(modulus: int) -> str:
@@ -327,25 +345,28 @@ class SyntheticTask(Task):
     test_per_level: test problems per level (at most 155 at level 1).
     levels: the levels to include.
     num_solutions: reference solutions (distinct routes) per problem.
-    reward_correct, reward_wrong: the reward of a correct and of any other completion.
+    correct_reward, wrong_reward: the reward of a correct and of any other completion.
     tokenizer: tokenizes the prompts; the task's character tokenizer by default.
     modulus: the answers are 0..modulus-1 (2 to MAX_MODULUS); the problems do not depend on it.
   """
 
   name = "synthetic"
 
-  def __init__(self, *, seed: int = 0, train_per_level: int = 800, test_per_level: int = 60,
-               levels: Sequence[int] = LEVELS, num_solutions: int = 4,
-               reward_correct: float = 1.0, reward_wrong: float = -1.0,
-               tokenizer: Tokenizer | None = None, modulus: int = DEFAULT_MODULUS):
+  def __init__(self, *, seed: int = SyntheticOptions.seed,
+               train_per_level: int = SyntheticOptions.train_per_level,
+               test_per_level: int = SyntheticOptions.test_per_level,
+               levels: Sequence[int] = SyntheticOptions.levels,
+               num_solutions: int = SyntheticOptions.num_solutions,
+               correct_reward: float = 1.0, wrong_reward: float = -1.0,
+               tokenizer: Tokenizer | None = None, modulus: int = SyntheticOptions.modulus):
     if num_solutions < 1:
       raise ValueError(f"num_solutions={num_solutions} is not accepted; expected >= 1")
     self.seed = seed
     self.modulus = check_modulus(modulus)
     self.tokenizer = tokenizer or make_tokenizer()
     self.num_solutions = num_solutions
-    self.reward_correct = float(reward_correct)
-    self.reward_wrong = float(reward_wrong)
+    self.correct_reward = float(correct_reward)
+    self.wrong_reward = float(wrong_reward)
     self._levels = tuple(sorted(set(levels)))
     self._problems = generate_split_problems(
         seed=seed, train_per_level=train_per_level, test_per_level=test_per_level,
@@ -399,7 +420,7 @@ class SyntheticTask(Task):
     for prompt, group in zip(prompts, completions):
       answers = tuple(extract_answer(c) for c in group)
       correct = np.asarray([a == str(prompt.reference) for a in answers], dtype=bool)  # [n]
-      rewards = np.where(correct, self.reward_correct, self.reward_wrong).astype(np.float32)
+      rewards = np.where(correct, self.correct_reward, self.wrong_reward).astype(np.float32)
       scores.append(GroupScore(rewards=rewards, correct=correct, answers=answers,
                                answer_ids=answer_classes(answers)))
     return scores

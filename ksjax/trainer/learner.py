@@ -107,7 +107,7 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
     order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
     for minibatch in np.split(order, cfg.num_minibatches):
       completion_rt = rollout.completion_mask_rt[minibatch]
-      token_weight_rt = np.asarray(losses.token_weights(completion_rt, cfg.aggregation,
+      token_weight_rt = np.asarray(losses.token_weights(completion_rt, cfg.loss_aggregation,
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
       if use_sparse:

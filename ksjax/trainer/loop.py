@@ -135,7 +135,7 @@ def train(spec: TrainSpec) -> None:
                       "new config.workdir")
   start_time = time.time()
   task = distributed.ShardedScoring(
-      run_tasks.make_task(spec.task, spec.model, spec.held_out.split))
+      run_tasks.make_task(spec.task, spec.model, spec.eval.split))
   try:
     _train(spec, task, run_dir, start_time)
   finally:
@@ -240,9 +240,9 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                         for name, value in worker_seconds.items()})
       scalars["optim/skipped_total"] = float(state.skipped)
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
-      if spec.held_out.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
+      if spec.eval.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
         probe_cpu, probe_wall = cpu_seconds(), time.perf_counter()
-        scalars.update(probe.evaluate(nnx.merge(graphdef, state.params), task, spec.held_out,
+        scalars.update(probe.evaluate(nnx.merge(graphdef, state.params), task, spec.eval,
                                       seed=spec.run.seed + 2, mesh=mesh))
         scalars["time/probe"] = time.perf_counter() - probe_wall
         budget.before -= cpu_seconds() - probe_cpu
@@ -284,7 +284,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     distributed.gather(None)
   if not os.path.isdir(run_dir.final_dir):
     model.save_checkpoint(run_dir.final_dir, final)
-  if spec.held_out.at_end:
+  if spec.eval.at_end:
     _final_eval(spec, final, task, mesh, run_dir)
   _say(compiled.summary())
   _say(f"done in {time.time() - start_time:.0f}s; outputs in {run_dir.workdir}")
@@ -339,26 +339,26 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   if distributed.is_writer():
     files.write_json(run_dir.config_json, spec.config_json, sort_keys=True)
     task.tokenizer.save(run_dir.tokenizer_dir)
-  if spec.warmup.steps:
-    w = spec.warmup
+  if spec.sft_warmup.steps:
+    w = spec.sft_warmup
     until = (f" (at most; until calibration pass@1 >= {w.target_pass_at_1:g})"
              if w.targeted else "")
     _say(f"supervised warm-up: {w.steps} steps{until} of {w.batch_size} reference solutions")
     params, summary = warmup.warm_up(llama, task, w, seed=spec.run.seed, mesh=mesh, log=_say,
                                      log_every=max(1, w.steps // 4),
-                                     max_new_tokens=spec.held_out.max_new_tokens)
+                                     max_new_tokens=spec.eval.max_new_tokens)
     _say(f"warm-up done in {summary['seconds']:.0f}s after {summary['steps']} steps, loss "
          f"{summary['loss']:.3f}")
   if os.path.isdir(start_dir):  # a previous attempt died before its first checkpoint
     shutil.rmtree(start_dir)
   model.save_checkpoint(start_dir, llama)
-  if spec.held_out.at_start:
-    _say(f"held-out evaluation of the start policy ({spec.held_out.num_samples} samples per "
+  if spec.eval.at_start:
+    _say(f"held-out evaluation of the start policy ({spec.eval.num_samples} samples per "
          "prompt)...")
     t0 = time.time()
-    result = held_out.evaluate(llama, task, spec.held_out, seed=spec.run.seed + 1, mesh=mesh)
+    result = held_out.evaluate(llama, task, spec.eval, seed=spec.run.seed + 1, mesh=mesh)
     held_out.save(run_dir.held_out_json("start"), result)
-    _say(f"start: {held_out.headline(result.metrics, spec.held_out.ks)} "
+    _say(f"start: {held_out.headline(result.metrics, spec.eval.ks)} "
          f"({time.time() - t0:.0f}s)")
   ref_params = jax.tree.map(jnp.copy, params)
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
@@ -474,7 +474,7 @@ def _kl_metrics(batch: rollout.Rollout, referenced: rollout.Rollout,
 
 def _final_eval(spec: TrainSpec, final, task, mesh, run_dir: RunDirectory) -> None:
   """Evaluates the final policy and prints (and writes) the table against the start."""
-  h = spec.held_out
+  h = spec.eval
   _say("held-out evaluation of the final policy...")
   result = held_out.evaluate(final, task, h, seed=spec.run.seed + 1, mesh=mesh)
   held_out.save(run_dir.held_out_json("end"), result)

@@ -132,9 +132,9 @@ def vocab_size_of(spec: TrainSpec) -> int:
   if spec.task.is_synthetic:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     return synthetic.make_tokenizer().vocab_size
-  if spec.task.tokenizer_path:
+  if spec.task.tokenizer.path:
     return run_tasks.tokenizer(spec.task, spec.model).vocab_size
-  return model.preset(spec.model.preset).vocab_size
+  return model.preset(spec.model.model.preset).vocab_size
 
 
 def prompt_len_of(spec: TrainSpec) -> int:
@@ -143,8 +143,8 @@ def prompt_len_of(spec: TrainSpec) -> int:
     from ksjax.tasks import synthetic  # pylint: disable=g-import-not-at-top
     # One token per character, and BOS; the " mod M" suffix is one character longer at M = 100,
     # and a level's problem has one more term than the level before.
-    return synthetic.max_prompt_chars(spec.task.synthetic_modulus,
-                                      max(spec.task.synthetic_levels)) + 1
+    return synthetic.max_prompt_chars(spec.task.synthetic.modulus,
+                                      max(spec.task.synthetic.levels)) + 1
   return DEFAULT_PROMPT_LEN
 
 
@@ -182,7 +182,7 @@ def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Sh
   # As `ksjax.trainer.learner.learn` lays out a dense mini-batch.
   rows = spec.minibatch_rows
   micro = -(-min(rows, spec.loss.micro_batch_size) // shards) * shards
-  s, h = spec.sampling, spec.held_out
+  s, h = spec.sampling, spec.eval
   return Shapes(
       prompt_len=batching.bucket_length(prompt_len), update_rows=-(-rows // micro) * micro,
       micro_batch=micro,

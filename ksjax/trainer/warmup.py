@@ -140,8 +140,8 @@ def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
   total_len = prompt_len + round_up(max(len(c) for _, c in pairs), 8)
   graphdef, params = nnx.split(llama)
   # Weight-1 policy gradient = negative log-likelihood (see the module docstring).
-  nll = LossSpec(algorithm="pg", aggregation="token_sum", loss_constant=1.0, micro_batch_size=1,
-                 sparse_updates=False)
+  nll = LossSpec(algorithm="pg", loss_aggregation="token_sum", loss_constant=1.0,
+                 micro_batch_size=1, sparse_updates=False)
   updater = update.Updater(graphdef, spec.optimizer().build(), nll, mesh, temperature=1.0)
   state = updater.init_state(params, jax.random.key(seed))
   calibration = calibration_prompts(task, spec.calibration_prompts, seed) if spec.targeted else []

@@ -1,14 +1,19 @@
-"""The typed run specification: one reader of a ConfigDict, specs that check their own fields."""
+"""The typed run specification: every config field declared once, one reader of a ConfigDict,
+specs that check their own fields."""
 
 import dataclasses
 import importlib.util
 import os
+import typing
 
 import pytest
+from ml_collections import config_dict
 
+from ksjax import config_fields as cf
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
+from ksjax.tasks import arithmetic, reasoning_gym, registry, synthetic
 from tests import support
 
 CONFIGS = sorted(name[:-3] for name in os.listdir(support.REPO / "configs")
@@ -34,26 +39,26 @@ def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
   assert spec.sampling.n == (config.k if config.n is None else config.n)
   assert spec.estimator.k == config.k and spec.estimator.aggregator == config.aggregator
   assert spec.loss.algorithm == config.algorithm
-  assert spec.loss.aggregation == config.loss_aggregation
+  assert spec.loss.loss_aggregation == config.loss_aggregation
   assert spec.optimizer.learning_rate == config.learning_rate
-  assert spec.optimizer.b2 == config.adam_b2
-  assert spec.warmup.steps == config.sft_warmup.steps
-  assert spec.held_out.ks == tuple(config.eval.ks)
+  assert spec.optimizer.adam_b2 == config.adam_b2
+  assert spec.sft_warmup.steps == config.sft_warmup.steps
+  assert spec.eval.ks == tuple(config.eval.ks)
   assert spec.run.mesh == tuple(config.mesh)
   assert spec.config_json["learning_rate"] == config.learning_rate
   # Resolved defaults: n = k, the token_sum constant, the micro-batch, the eval budget.
   assert spec.loss.loss_constant == (config.loss_constant or config.max_new_tokens)
   assert spec.loss.micro_batch_size == (config.micro_batch_size or spec.minibatch_rows)
-  assert spec.held_out.max_new_tokens == (config.eval.max_new_tokens or config.max_new_tokens)
+  assert spec.eval.max_new_tokens == (config.eval.max_new_tokens or config.max_new_tokens)
   with pytest.raises(dataclasses.FrozenInstanceError):
     spec.loss.algorithm = "ppo"
 
 
 @pytest.mark.parametrize("spec_class, field, config_name, value", [
     (spec_lib.LossSpec, "algorithm", "config.algorithm", "reinforce"),
-    (spec_lib.LossSpec, "aggregation", "config.loss_aggregation", "token_max"),
+    (spec_lib.LossSpec, "loss_aggregation", "config.loss_aggregation", "token_max"),
     (spec_lib.LossSpec, "clip_eps", "config.clip_eps", 1.5),
-    (spec_lib.OptimizerSpec, "b2", "config.adam_b2", 1.0),
+    (spec_lib.OptimizerSpec, "adam_b2", "config.adam_b2", 1.0),
     (spec_lib.OptimizerSpec, "learning_rate", "config.learning_rate", 0.0),
     (spec_lib.SamplingSpec, "top_p", "config.top_p", 0.0),
     (spec_lib.EstimatorSpec, "baseline", "config.baseline", "median"),
@@ -63,15 +68,14 @@ def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
     (spec_lib.WarmupSpec, "batch_size", "config.sft_warmup.batch_size", 0),
     (spec_lib.HeldOutSpec, "ks", "config.eval.ks", (1, 64)),
     (spec_lib.RunSpec, "mesh", "config.mesh", (0, 1, 1)),
-    (spec_lib.ModelSpec, "dtype", "config.model.dtype", "float8"),
-    (spec_lib.TaskSpec, "synthetic_levels", "config.synthetic.levels", (1, 6)),
+    (spec_lib.LlamaSpec, "dtype", "config.model.dtype", "float8"),
+    (synthetic.SyntheticOptions, "levels", "config.synthetic.levels", (1, 6)),
 ])
 def test_a_spec_made_in_python_checks_its_fields_and_names_the_config_field(
     spec_class, field, config_name, value):
-  base = {"name": "synthetic"} if spec_class is spec_lib.TaskSpec else {}
-  spec_class(**base)  # the defaults are accepted
+  spec_class()  # the defaults are accepted
   with pytest.raises(ConfigError, match=config_name.replace(".", r"\.")) as error:
-    spec_class(**base, **{field: value})
+    spec_class(**{field: value})
   assert "\n" not in str(error.value)
 
 
@@ -173,3 +177,177 @@ def test_configs_load_without_jax():
           "s.loader.exec_module(m); m.get_config(); "
           "assert 'jax' not in sys.modules, sorted(k for k in sys.modules if 'jax' in k)")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=support.REPO, timeout=60)
+
+
+def _flat(config, prefix=""):
+  """{dotted name: (value, field type or None for a plain value)} of a ConfigDict's leaves."""
+  out = {}
+  for key in config.keys():
+    raw = config._fields[key]  # pylint: disable=protected-access
+    if isinstance(raw, config_dict.ConfigDict):
+      out.update(_flat(raw, f"{prefix}{key}."))
+    elif isinstance(raw, config_dict.FieldReference):
+      out[prefix + key] = (raw.get(), raw._field_type)  # pylint: disable=protected-access
+    else:
+      out[prefix + key] = (raw, None)
+  return out
+
+
+def test_the_base_config_is_every_declared_field_at_its_default_and_nothing_else():
+  declared = list(cf.leaves(spec_lib.TrainSpec))
+  names = [name for name, _, _ in declared]
+  assert len(names) == len(set(names))  # each config field is declared by one spec field
+  flat = _flat(run_config.base_config())
+  assert sorted(flat) == sorted(names)
+  for name, owner, f in declared:
+    value, field_type = flat[name]
+    assert value == f.default and type(value) is type(f.default), name
+    kind, nullable = cf.value_type(owner, f.name)
+    if nullable and field_type is None:  # only a field of no declared type may be a plain None
+      assert kind is typing.Any and value is None, name
+    if field_type is not None:  # None can be set over, and a value of the type over None
+      assert nullable and field_type is (getattr(kind, "__origin__", None) or kind), name
+  # Sections nest like the specs, under the dataclass field's name.
+  assert flat["synthetic.levels"] == ((1, 2, 3, 4, 5), None)
+  assert flat["eval.max_new_tokens"] == (None, int) and flat["max_grad_norm"] == (1.0, float)
+  assert flat["k_weights"] == (None, tuple)
+
+
+def test_every_field_and_section_says_what_it_means_in_one_line():
+  def walk(cls):
+    for f in dataclasses.fields(cls):
+      declared = cf.declaration(f)
+      if declared is None:
+        continue
+      yield f"{cls.__name__}.{f.name}", declared.meaning
+      if declared.kind != cf.FIELD:
+        yield from walk(f.default_factory)
+  meanings = dict(walk(spec_lib.TrainSpec))
+  assert len(meanings) > len(list(cf.leaves(spec_lib.TrainSpec)))  # sections and groups too
+  for name, meaning in meanings.items():
+    assert isinstance(meaning, str) and meaning.strip() and "\n" not in meaning, name
+  assert "synthetic.levels = (1, 2, 3, 4, 5)  # " in cf.describe(spec_lib.TrainSpec)
+
+
+def test_each_task_declares_its_options_and_the_run_takes_them_from_the_registry():
+  task_fields = {f.name: f for f in dataclasses.fields(spec_lib.TaskSpec)}
+  assert registry.OPTIONS == {"synthetic": synthetic.SyntheticOptions,
+                              "arithmetic": arithmetic.ArithmeticOptions,
+                              "reasoning_gym": reasoning_gym.ReasoningGymOptions}
+  for task, options in registry.OPTIONS.items():
+    assert task in registry.TASKS and task_fields[task].default_factory is options
+  assert [name for name, _, _ in cf.leaves(spec_lib.TrainSpec)
+          if name.startswith("arithmetic.")] == [
+              "arithmetic.seed", "arithmetic.levels", "arithmetic.train_per_level",
+              "arithmetic.test_per_level"]
+  spec = spec_lib.TaskSpec(task="arithmetic", arithmetic=arithmetic.ArithmeticOptions(levels=(2,)))
+  assert spec.name == "arithmetic" and spec.options.values()["levels"] == (2,)
+  assert spec_lib.TaskSpec(task="math").options is None
+  # The task's own defaults are its options' declarations.
+  assert synthetic.SyntheticTask.__init__.__kwdefaults__["train_per_level"] == (
+      synthetic.SyntheticOptions().train_per_level)
+  with pytest.raises(ConfigError, match=r"^config\.task='chess' is not accepted; expected one "
+                                        r"of 'synthetic', 'arithmetic', 'reasoning_gym'"):
+    spec_lib.TaskSpec(task="chess")
+
+
+@pytest.mark.parametrize("spec_class, values, message", [
+    (spec_lib.TaskSpec, dict(reward_workers=0),
+     "config.reward_workers=0 is out of range; expected an integer >= 1"),
+    (spec_lib.DataSpec, dict(train_split=""),
+     "config.data.train_split='' is not accepted; expected a non-empty string"),
+    (spec_lib.TokenizerSpec, dict(eos=()),
+     "config.tokenizer.eos=() is not accepted; expected a non-empty tuple of token strings"),
+    (spec_lib.ChatSpec, dict(system_prompt=3),
+     "config.chat.system_prompt=3 is not accepted; expected a string or None"),
+    (synthetic.SyntheticOptions, dict(test_per_level=200),
+     "config.synthetic.test_per_level=200 is out of range; expected an integer in [1, 155]"),
+    (arithmetic.ArithmeticOptions, dict(levels=(1, 5)),
+     "config.arithmetic.levels=(1, 5) is not accepted; expected distinct levels among 1, 2, 3, 4"),
+    (reasoning_gym.ReasoningGymOptions, dict(seed=-1),
+     "config.reasoning_gym.seed=-1 is out of range; expected an integer in [0, 4294967295]"),
+    (spec_lib.ModelSpec, dict(init_hf=""),
+     "config.init_hf='' is not accepted; expected a non-empty string or None"),
+    (spec_lib.LlamaSpec, dict(num_layers=0),
+     "config.model.num_layers=0 is out of range; expected an integer >= 1"),
+    (spec_lib.SamplingSpec, dict(n=1 << 20),
+     "config.n=1048576 is out of range; expected an integer in [1, 16384]"),
+    (spec_lib.EstimatorSpec, dict(scale="max"),
+     "config.scale='max' is not accepted; expected one of 'none', 'group_std'"),
+    (spec_lib.LossSpec, dict(clip_eps=1.0),
+     "config.clip_eps=1.0 is out of range; expected a number in (0.0, 1.0)"),
+    (spec_lib.OptimizerSpec, dict(max_grad_norm=0.0),
+     "config.max_grad_norm=0.0 is out of range; expected a number > 0.0"),
+    (spec_lib.RunSpec, dict(seed=-1),
+     "config.seed=-1 is out of range; expected an integer in [0, 2147483647]"),
+    (spec_lib.WarmupSpec, dict(learning_rate="fast"),
+     "config.sft_warmup.learning_rate='fast' is not accepted; expected a finite number > 0.0"),
+    (spec_lib.HeldOutSpec, dict(at_end=1),
+     "config.eval.at_end=1 is not accepted; expected True or False"),
+])
+def test_a_bad_value_is_one_line_naming_the_field_and_what_it_accepts(spec_class, values,
+                                                                      message):
+  with pytest.raises(ConfigError) as error:
+    spec_class(**values)
+  assert str(error.value) == message
+
+
+@pytest.mark.parametrize("rule, spec_class, values, message", [
+    ("_label_free_needs_two_completions", spec_lib.SamplingSpec, dict(label_free=True, n=1),
+     r"^config\.label_free=True is not accepted with n=1"),
+    ("_sampler_devices_need_a_lag", spec_lib.SamplingSpec, dict(sampler_devices=2),
+     r"^config\.sampler_devices=2 is not accepted with config\.max_lag=0"),
+    ("_at_most_one_start", spec_lib.ModelSpec, dict(init_hf="a", init_gguf="b"),
+     r"^config\.init_hf and config\.init_gguf are both set"),
+    ("_correct_reward_exceeds_wrong_reward", spec_lib.TaskSpec, dict(wrong_reward=1.0),
+     r"^config\.correct_reward=1\.0 is not accepted; expected more than config\.wrong_reward"),
+    ("_ks_within_num_samples", spec_lib.HeldOutSpec, dict(num_samples=4),
+     r"^config\.eval\.ks=\(1, 4, 8, 16\) is not accepted; expected every k <= "
+     r"eval\.num_samples=4$"),
+])
+def test_a_rule_between_fields_is_one_method_named_after_it(rule, spec_class, values, message):
+  assert callable(getattr(spec_class, rule))
+  with pytest.raises(ConfigError, match=message):
+    spec_class(**values)
+
+
+def test_dependent_defaults_are_resolved_by_the_whole_spec():
+  config = run_config.embedded_task_config()
+  config.k, config.batch_prompts, config.max_new_tokens = 8, 2, 30
+  config.num_minibatches, config.is_cap = 4, 2.0  # 16 rows, 4 per optimizer step
+  spec = spec_lib.from_config(config)
+  assert spec.sampling.n == 8 and spec.loss.loss_constant == 30.0
+  assert spec.loss.micro_batch_size == 4 and spec.eval.max_new_tokens == 30
+  assert spec_lib.SamplingSpec().n is None  # alone, a spec keeps the None it was given
+  config.n, config.loss_constant, config.micro_batch_size = 16, 5.0, 2
+  config.eval.max_new_tokens = 9
+  spec = spec_lib.from_config(config)
+  assert (spec.sampling.n, spec.loss.loss_constant, spec.loss.micro_batch_size,
+          spec.eval.max_new_tokens) == (16, 5.0, 2, 9)
+  config.label_free, config.k, config.n = True, 1, None  # n = k = 1: the rule sees the filled n
+  with pytest.raises(ConfigError, match=r"^config\.label_free=True is not accepted with n=1"):
+    spec_lib.from_config(config)
+
+
+def test_command_line_overrides_keep_their_types_and_unknown_fields_are_refused():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  argv = ["ksjax", f"--config={support.REPO / 'configs' / 'pass_at_k.py'}",
+          "--config.synthetic.levels=(1,2)", "--config.eval.ks=(1,2,4)", "--config.n=8",
+          "--config.max_grad_norm=0.5", "--config.is_cap=2.0", "--config.model.num_layers=1",
+          "--config.tokenizer.bos=<s>", "--config.k_mixture=weights",
+          "--config.k_weights=(1.0,0.5,0.25,0.125)"]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "a trainer config", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  spec = spec_lib.from_config(values.config)
+  assert spec.task.synthetic.levels == (1, 2) and spec.eval.ks == (1, 2, 4)
+  assert spec.sampling.n == 8 and spec.optimizer.max_grad_norm == 0.5
+  assert spec.loss.is_cap == 2.0 and spec.model.model.num_layers == 1
+  assert spec.task.tokenizer.bos == "<s>" and spec.estimator.k_weights == (1.0, 0.5, 0.25, 0.125)
+  config = run_config.base_config()
+  config.synthetic.level = (1,)
+  with pytest.raises(ConfigError, match=r"^config\.synthetic\.level is not a field of the "
+                                        r"trainer config"):
+    spec_lib.from_config(config)

@@ -233,8 +233,8 @@ def test_answer_classes_for_majority_voting(task):
 
 
 def test_reference_solutions_score_correct_with_custom_rewards(task, tokenizer):
-  t = ArithmeticTask(tokenizer=tokenizer, chat_template=CHATML, reward_correct=2.0,
-                     reward_wrong=0.0, checker=task.checker, **SIZES)
+  t = ArithmeticTask(tokenizer=tokenizer, chat_template=CHATML, correct_reward=2.0,
+                     wrong_reward=0.0, checker=task.checker, **SIZES)
   prompts = t.prompts("test")[::7]
   for prompt, problem in zip(prompts, t.problems("test")[::7]):
     [solution] = t.reference_solutions(prompt)
@@ -255,8 +255,8 @@ def test_reference_solutions_score_correct_with_custom_rewards(task, tokenizer):
 
 def test_registry_builds_it(task, tokenizer):
   with registry.make_task("arithmetic", tokenizer=tokenizer, chat_template=CHATML, seed=0,
-                          levels=(1, 2), train_per_level=5, test_per_level=5, reward_correct=1.0,
-                          reward_wrong=0.0, workers=1, system_prompt="Be brief.") as t:
+                          levels=(1, 2), train_per_level=5, test_per_level=5, correct_reward=1.0,
+                          wrong_reward=0.0, workers=1, system_prompt="Be brief.") as t:
     assert isinstance(t, ArithmeticTask) and t.name == "arithmetic"
     assert tuple(t.levels()) == (1, 2) and len(t.prompts("test")) == 10
     assert "Be brief." in t.prompts("test")[0].text

@@ -299,8 +299,8 @@ def test_score_rewards_and_answer_classes(task):
 
 def test_score_groups_and_custom_rewards(task, sandbox):
   records = list(code_data.read_taco(task[2] / "taco.jsonl"))
-  task01 = code_task.CodeTask({"test": records}, make_tokenizer(), reward_correct=1.0,
-                              reward_wrong=0.0, sandbox=sandbox)
+  task01 = code_task.CodeTask({"test": records}, make_tokenizer(), correct_reward=1.0,
+                              wrong_reward=0.0, sandbox=sandbox)
   stdio, call = task01.prompts("test")
   right_call = ("```python\nclass Solution:\n    def multiply(self, a, b):\n"
                 "        return a * b\n```")

@@ -87,7 +87,7 @@ def test_score_group_classes(task):
 
 def test_score_many_groups_in_order_with_custom_rewards(tokenizer, task):
   harp = list(read_harp_jsonl(os.path.join(FIXTURES, "harp.jsonl")))
-  custom = MathTask({"train": harp}, tokenizer, reward_correct=2.0, reward_wrong=0.0,
+  custom = MathTask({"train": harp}, tokenizer, correct_reward=2.0, wrong_reward=0.0,
                     checker=task.checker)
   prompts = custom.prompts("train")  # golds 55, 24, 1/4
   completions = [["The final answer is 55.", "The final answer is 56."],

@@ -41,9 +41,9 @@ def _spec_lib():
 
 @pytest.fixture(scope="module")
 def task():
-  # reward_wrong=0: rewards are the grades themselves.
+  # wrong_reward=0: rewards are the grades themselves.
   with gym.ReasoningGymTask(tokenizer=make_tokenizer(bos=None), chat_template=CHATML,
-                            datasets=MIX, options=OPTIONS, reward_wrong=0.0, workers=1,
+                            datasets=MIX, options=OPTIONS, wrong_reward=0.0, workers=1,
                             **SIZES) as t:
     yield t
 
@@ -277,7 +277,7 @@ def test_options_from_a_config_file_reach_the_spec_and_a_missing_package_says_ho
   config.reasoning_gym.datasets = "chain_sum:2,countdown"
   config.reasoning_gym.options = OPTIONS  # a ConfigDict once assigned, overridable by flags
   spec = spec_lib.from_config(config).task
-  assert gym.thaw_options(spec.reasoning_gym_options) == {
+  assert gym.thaw_options(spec.reasoning_gym.options) == {
       name: {k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()}
       for name, opts in OPTIONS.items()}
   monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # as if not installed

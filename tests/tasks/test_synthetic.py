@@ -175,8 +175,8 @@ def test_answer_ids_group_equal_answers(task):
 
 
 def test_configurable_rewards_and_group_shapes():
-  task = synthetic.SyntheticTask(train_per_level=5, test_per_level=5, reward_correct=1.0,
-                                 reward_wrong=0.0, levels=(2, 3))
+  task = synthetic.SyntheticTask(train_per_level=5, test_per_level=5, correct_reward=1.0,
+                                 wrong_reward=0.0, levels=(2, 3))
   prompts = task.prompts("test")[:3]
   groups = [[p.solution, "no"] for p in prompts]
   scores = task.score(prompts, groups)

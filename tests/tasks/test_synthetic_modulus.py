@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from ksjax import config_fields as cf
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
@@ -155,7 +156,7 @@ def test_records_round_trip_and_name_their_modulus(task100):
 @pytest.mark.parametrize("value", [1, 0, -10, 101, 1000, "10", 10.0, True, None])
 def test_a_bad_modulus_is_one_config_error_naming_field_value_and_range(value):
   with pytest.raises(ConfigError) as error:
-    spec_lib.TaskSpec(name="synthetic", synthetic_modulus=value)
+    synthetic.SyntheticOptions(modulus=value)
   message = str(error.value)
   assert message.startswith(f"config.synthetic.modulus={value!r} is ")
   assert message.endswith("expected an integer in [2, 100]") and "\n" not in message
@@ -164,7 +165,9 @@ def test_a_bad_modulus_is_one_config_error_naming_field_value_and_range(value):
 
 
 def test_the_config_field_reaches_the_task():
-  assert spec_lib.SYNTHETIC_MAX_MODULUS == synthetic.MAX_MODULUS
+  declared = {name: cf.declaration(f) for name, _, f in cf.leaves(spec_lib.TrainSpec)}
+  assert declared["synthetic.modulus"].hi == synthetic.MAX_MODULUS
+  assert isinstance(spec_lib.TaskSpec().synthetic, synthetic.SyntheticOptions)
   config = run_config.embedded_task_config()
   assert config.synthetic.modulus == synthetic.DEFAULT_MODULUS
   config.synthetic.modulus = 50

@@ -182,7 +182,7 @@ def test_the_planned_prompt_length_is_the_synthetic_tasks_longest_prompt(modulus
   config.synthetic.modulus = modulus
   config.synthetic.levels = levels
   spec = spec_of(config)
-  task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
+  task = run_tasks.make_task(spec.task, spec.model, spec.eval.split)
   prompts = [p for split in ("train", "test") for p in task.prompts(split)]
   assert {p.text.endswith(f" mod {modulus}\n") for p in prompts} == {True}
   longest = max(len(p.text) for p in prompts)

@@ -42,7 +42,7 @@ def _spec(**overrides) -> spec_lib.TrainSpec:
 def setting():
   """(spec, task, mesh) of a tiny synthetic run."""
   spec = _spec()
-  task = run_tasks.make_task(spec.task, spec.model, spec.held_out.split)
+  task = run_tasks.make_task(spec.task, spec.model, spec.eval.split)
   mesh, _ = async_rollouts.meshes(spec)
   return spec, task, mesh
 
@@ -58,7 +58,7 @@ def _warm_up(setting, lines=None, **changes):
   changed by `changes`; returns (parameters as numpy arrays, summary)."""
   spec, task, mesh = setting
   llama = policy.build_model(spec.model, task.tokenizer.vocab_size, mesh, value_head=False, seed=0)
-  w = dataclasses.replace(spec.warmup, **changes)
+  w = dataclasses.replace(spec.sft_warmup, **changes)
   log = (lambda line: None) if lines is None else lines.append
   params, summary = warmup.warm_up(llama, task, w, seed=spec.run.seed, mesh=mesh, log=log,
                                    log_every=100, max_new_tokens=8)
@@ -195,10 +195,10 @@ def test_a_bad_warm_up_value_is_one_line_naming_the_field(field, value, accepted
 
 def test_the_config_file_values_reach_the_spec_and_are_checked():
   spec = _spec(**{"sft_warmup.target_pass_at_1": 0.4, "sft_warmup.check_every": 7})
-  assert spec.warmup.target_pass_at_1 == 0.4 and spec.warmup.check_every == 7
-  assert _spec(**{"sft_warmup.target_pass_at_1": None}).warmup.targeted is False
+  assert spec.sft_warmup.target_pass_at_1 == 0.4 and spec.sft_warmup.check_every == 7
+  assert _spec(**{"sft_warmup.target_pass_at_1": None}).sft_warmup.targeted is False
   # 0 as well: a command-line override cannot set the field to None.
-  assert _spec(**{"sft_warmup.target_pass_at_1": 0.0}).warmup.targeted is False
+  assert _spec(**{"sft_warmup.target_pass_at_1": 0.0}).sft_warmup.targeted is False
   with pytest.raises(ConfigError, match=r"^config\.sft_warmup\.target_pass_at_1=1\.5 is not "):
     _spec(**{"sft_warmup.target_pass_at_1": 1.5})
   with pytest.raises(ConfigError, match=r"^config\.sft_warmup\.calibration_samples=0 is out of "):
@@ -206,7 +206,7 @@ def test_the_config_file_values_reach_the_spec_and_are_checked():
 
 
 def test_the_default_run_warms_up_to_a_target_and_the_base_config_to_a_step_count():
-  default = spec_lib.from_config(run_config.embedded_task_config()).warmup
+  default = spec_lib.from_config(run_config.embedded_task_config()).sft_warmup
   assert default.targeted and 0.0 < default.target_pass_at_1 < 1.0
   assert default.steps >= default.check_every
-  assert not spec_lib.from_config(run_config.base_config()).warmup.targeted
+  assert not spec_lib.from_config(run_config.base_config()).sft_warmup.targeted
