@@ -7,8 +7,9 @@ with how diverse each problem's final answers are (`ksjax.run.scoring`, with the
 `ksjax.objectives.estimates`). The trainer's own evaluation at the start and the end of a run
 (`ksjax.trainer.held_out`) runs the same function.
 
-Files, one concept each: settings.py (the eval config's validation), results.py (a checkpoint's
-record, summaries and averages, atomic JSON/CSV files), plots.py (the figures), runner.py (the
-binary's job: checkpoints -> samples -> scores -> files; watch mode). The checkpoints themselves
+Files, one concept each: settings.py (the eval config's fields, declared once, and their
+validation), results.py (a checkpoint's record, summaries and averages, atomic JSON/CSV files),
+plots.py (the figures), runner.py (the binary's job: checkpoints -> samples -> scores -> files;
+watch mode). The checkpoints themselves
 are read through `ksjax.run.checkpoints`.
 """

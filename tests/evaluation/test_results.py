@@ -8,6 +8,7 @@ import csv
 import numpy as np
 import pytest
 
+from ksjax import config_fields
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import results
 from ksjax.evaluation import settings as settings_lib
@@ -120,3 +121,39 @@ def test_default_settings():
   # None in the eval config: the run's evaluation budget, which defaults to its max_new_tokens.
   assert config.max_new_tokens is None and config.run.eval.max_new_tokens is None
   assert s.max_new_tokens == config.run.max_new_tokens and s.output_name() == "test_n20_t1_p1"
+
+
+def test_eval_fields_are_declared_once():
+  """configs/eval.py's top-level fields are exactly EvalSpec's declarations, plus `run`, each
+  with a meaning and its declared default."""
+  config = eval_run.eval_config("somewhere")
+  declared = {name: f for name, _, f in config_fields.leaves(settings_lib.EvalSpec)}
+  assert set(config.keys()) == set(declared) | {"run"}
+  defaults = config_fields.config_dict(settings_lib.EvalSpec)
+  for name, f in declared.items():
+    assert config_fields.declaration(f).meaning.strip(), name
+    if name != "checkpoint_dir":
+      assert config[name] == defaults[name] == f.default, name
+  assert "num_samples = 20  # n completions per problem" in config_fields.describe(
+      settings_lib.EvalSpec)
+
+
+def test_rules_of_several_fields():
+  config = eval_run.eval_config("somewhere")
+  config.num_samples, config.batch_rows = 512, 256
+  with pytest.raises(ConfigError, match="config.num_samples=512 is not accepted with "
+                                        "config.batch_rows=256"):
+    settings_lib.validate(config)
+  config.batch_rows, config.kl_samples = 2048, 513
+  with pytest.raises(ConfigError, match=r"config.kl_samples=513 is out of range"):
+    settings_lib.validate(config)
+  config.kl_samples, config.kl_reference, config.temperature = None, "start", 0.5
+  with pytest.raises(ConfigError, match="config.kl_reference='start' is not accepted with "
+                                        "temperature 0.5"):
+    settings_lib.validate(config)
+  config.temperature = 1.0
+  s = settings_lib.validate(config)
+  # Derived: the ladder up to n, batch_prompts lowered to fit 2048 rows, every sample's KL.
+  assert (s.ks[-1], s.batch_prompts, s.kl_samples) == (512, 4, 512)
+  # A spec made in Python is resolved the same way, and resolving again changes nothing.
+  assert settings_lib.EvalSpec(**{**s.values(), "ks": None, "batch_prompts": 8}) == s
