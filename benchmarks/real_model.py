@@ -71,7 +71,6 @@ import functools
 import glob
 import importlib.util
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -406,11 +405,6 @@ def build_updater(llama, new_tokens: int):
   return config, spec, update.build_updater(spec, graphdef, mesh), params
 
 
-def peak_memory_gib() -> float:
-  """This process's peak resident memory so far, GiB (Linux reports ru_maxrss in KiB)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def part_train(llama, cfg, repeats):
   import train_step  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import learner  # pylint: disable=g-import-not-at-top
@@ -454,7 +448,7 @@ def part_train(llama, cfg, repeats):
           f" = {flops / sec / peak32:.0%} of the float32 matmul rate"
           + (f", {flops / sec / peak:.0%} of the {cfg.operand_dtype} one" if peak != peak32
              else "") + f" [XLA: {xla / 1e9:.1f} GFLOP, {xla / sec / peak32:.0%}]")
-  print(f"  peak resident memory of this process {peak_memory_gib():.1f} GiB")
+  print(f"  peak resident memory of this process {allocator.peak_resident_gib():.1f} GiB")
 
 
 def part_malloc(repeats: int, jemalloc: str | None):
@@ -527,7 +521,7 @@ def part_config(steps: int, matmul_dtype: str):
   kept = statistics.mean(line["update/rows_fraction"] for line in later)
   print(f"  generated tokens per step {length * config.batch_prompts * config.k:.0f}, "
         f"update rows kept {kept:.0%}; peak resident memory of this process "
-        f"{peak_memory_gib():.1f} GiB ({allocator.allocator_line()})")
+        f"{allocator.peak_resident_gib():.1f} GiB ({allocator.allocator_line()})")
 
 
 def main():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import sys
 
 # glibc's malloc tunable that backs the large blocks it maps with transparent huge pages.
@@ -180,6 +181,14 @@ def allocator_line(environ: dict[str, str] | None = None) -> str:
     return (f"malloc: {os.path.basename(preloaded[0])} preloaded, "
             f"MALLOC_CONF={environ.get('MALLOC_CONF') or '(unset)'}")
   return f"malloc: glibc, GLIBC_TUNABLES={environ.get('GLIBC_TUNABLES') or '(unset)'}"
+
+
+def peak_resident_gib() -> float:
+  """This process's peak resident memory so far, in GiB: what the machine had to hold for it,
+  the pages its allocator kept after a free included (the figure that decides whether two runs
+  fit one machine; `benchmarks/peak_memory.py` splits it by allocator setting)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 def release_free_memory() -> bool:

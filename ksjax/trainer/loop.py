@@ -39,7 +39,6 @@ import dataclasses
 import os
 import resource
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -89,14 +88,6 @@ def cpu_seconds() -> float:
   own = resource.getrusage(resource.RUSAGE_SELF)
   children = resource.getrusage(resource.RUSAGE_CHILDREN)
   return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def peak_resident_gib() -> float:
-  """This process's peak resident memory so far, in GiB: what the machine had to hold for it,
-  the pages its allocator kept after a free included (the figure that decides whether two runs
-  fit one machine; `benchmarks/peak_memory.py` splits it by allocator setting)."""
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 @dataclasses.dataclass
@@ -248,7 +239,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
         budget.before -= cpu_seconds() - probe_cpu
       scalars.update(compiles.take())
       scalars["objective/k"] = float(drawn.k)  # the k its weights used
-      scalars["memory/peak_rss_gib"] = peak_resident_gib()
+      scalars["memory/peak_rss_gib"] = allocator.peak_resident_gib()
       scalars["time/cpu_seconds"] = used = budget.used()
       over = budget.spent(used)
       last = step == spec.run.num_steps or over
