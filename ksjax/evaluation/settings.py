@@ -103,10 +103,9 @@ class EvalSpec(cf.Spec):
   # (`ksjax.run.scoring.k_ladder`; e.g. 1, 2, 4, 8, 16, 20 for 20 samples).
   ks: tuple[int, ...] | None = field(None, "pass@k and maj@k for each k <= num_samples; None: "
                                      "the ladder 1, 2, 4, ..., num_samples", lo=1)
-  temperature: float = field(1.0, "the sampling temperature", lo=0.0)
-  top_p: float = field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0,
-                       lo_open=True)
-  top_k: int = field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+  temperature: float = spec_lib.evaluation_temperature_field()
+  top_p: float = spec_lib.top_p_field()
+  top_k: int = spec_lib.top_k_field()
   max_new_tokens: int | None = field(None, "the most tokens a completion has; None: the run's "
                                      "eval.max_new_tokens", lo=1)
   # 8 is the fastest on a CPU for the tiny model (benchmarks/eval.py: 4 and 8 alike, 16 about

@@ -265,6 +265,23 @@ class ModelSpec(cf.Spec):
     return next((name for name in STARTS if getattr(self, name)), None)
 
 
+def evaluation_temperature_field() -> Any:
+  """The temperature of a held-out evaluation's samples (0: greedy), declared alike by the
+  trainer's `eval` section and the eval binary's config."""
+  return field(1.0, "the sampling temperature", lo=0.0)
+
+
+def top_p_field() -> Any:
+  """Nucleus sampling's mass, declared alike wherever a config samples (a dataclass field
+  belongs to one class, hence a function)."""
+  return field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0, lo_open=True)
+
+
+def top_k_field() -> Any:
+  """Top-k sampling's k, declared alike wherever a config samples."""
+  return field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingSpec(cf.Spec):
   """Algorithm 1, step (ii): B prompts per step, n completions each."""
@@ -272,9 +289,8 @@ class SamplingSpec(cf.Spec):
   n: int | None = field(None, "completions per prompt; None: n = k", lo=1, hi=MAX_COMPLETIONS)
   max_new_tokens: int = field(64, "the most tokens a completion has", lo=1)
   temperature: float = field(1.0, "the sampling temperature", lo=0.0, lo_open=True)
-  top_p: float = field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0,
-                       lo_open=True)
-  top_k: int = field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+  top_p: float = top_p_field()
+  top_k: int = top_k_field()
   # Voting without labels (TTRL; ksjax.objectives.label_free): a completion's reward is whether
   # its answer agrees with the majority of the other n - 1 completions of its prompt (1/t for t
   # tied answers; no answer: no vote, reward 0), from answer classes formed from the answers' text
@@ -642,10 +658,9 @@ class HeldOutSpec(cf.Spec, path="eval"):
                                   lo=1)
   num_samples: int = field(16, "n per prompt for the unbiased pass@k / maj@k estimates", lo=1)
   ks: tuple[int, ...] = field((1, 4, 8, 16), "the k of pass@k and maj@k", lo=1)
-  temperature: float = field(1.0, "the sampling temperature", lo=0.0)
-  top_p: float = field(1.0, "nucleus sampling's probability mass; 1: off", lo=0.0, hi=1.0,
-                       lo_open=True)
-  top_k: int = field(0, "sample among the top_k likeliest tokens; 0: off", lo=0)
+  temperature: float = evaluation_temperature_field()
+  top_p: float = top_p_field()
+  top_k: int = top_k_field()
   max_new_tokens: int | None = field(None, "the most tokens a completion has; None: the run's "
                                      "max_new_tokens", lo=1)
   batch_prompts: int = field(64, "prompts per sampler call", lo=1)
