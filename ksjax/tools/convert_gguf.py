@@ -47,7 +47,9 @@ def _define_flags() -> None:
                     "(data, fsdp, tensor) mesh to load onto; -1 = remaining devices.")
 
 
-def _write_tokenizer(tok: gguf_io.GGUFTokenizer, directory: str, template_file: bool) -> None:
+def write_tokenizer(tok: gguf_io.GGUFTokenizer, directory: str, template_file: bool) -> None:
+  """The GGUF file's tokenizer as Hugging Face files in `directory` (also `merge_lora`'s, for a
+  GGUF base): tokenizer.json, tokenizer_config.json, and chat_template.jinja if `template_file`."""
   os.makedirs(directory, exist_ok=True)
   tok.tok.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as fp:
@@ -83,10 +85,10 @@ def convert(gguf_path: str, out: str, fmt: str = "orbax", dtype: str = "float32"
     if fmt == "orbax":
       os.makedirs(result)
       checkpoint.save(os.path.join(result, "checkpoint"), llama)
-      _write_tokenizer(tok, os.path.join(result, "tokenizer"), template_file=True)
+      write_tokenizer(tok, os.path.join(result, "tokenizer"), template_file=True)
     else:
       hf_io.save_hf(llama, cfg, result)
-      _write_tokenizer(tok, result, template_file=False)
+      write_tokenizer(tok, result, template_file=False)
     os.rename(result, out)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
