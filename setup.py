@@ -20,6 +20,10 @@ INSTALL_REQUIRES = [
     "safetensors>=0.4",
     "tokenizers>=0.20",
     "gguf>=0.10",  # ksjax.model.gguf_io reads llama.cpp's GGUF files
+    # LoRA and QLoRA (ksjax.model.lora): qwix quantizes the frozen base and gives the adapters
+    # their parameter type and initialisers. Bounded below the next minor version: qwix is alpha,
+    # and ksjax relies on its QArray layout and quantize/dequantize/LoraRule as 0.1.8 has them.
+    "qwix>=0.1.8,<0.2",
     "jinja2>=3.1",  # chat templates (GGUF tokenizer.chat_template)
     "matplotlib>=3.8",
     "tensorboardX>=2.6",

@@ -8,10 +8,12 @@ within one file system is atomic on POSIX), and removed if writing fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -30,6 +32,24 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
   except BaseException:
     os.unlink(tmp)
     raise
+
+
+@contextlib.contextmanager
+def new_directory(out: str) -> Iterator[str]:
+  """Yields a path to fill in `out`'s folder, renamed to `out` once the block ends without an
+  error (and removed otherwise): a directory written by a tool (a converted or merged model) is
+  whole or absent. FileExistsError, before anything is written, if `out` exists."""
+  if os.path.exists(out):
+    raise FileExistsError(f"--out={out!r} exists; choose a new directory")
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".tmp_{os.path.basename(os.path.normpath(out))}_", dir=parent)
+  try:
+    result = os.path.join(tmp, "result")
+    yield result
+    os.rename(result, out)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_text(path: str, text: str) -> None:

@@ -73,15 +73,21 @@ def save(path: str, llama: Llama) -> None:
   checkpointer.wait_until_finished()
 
 
-def _read(path: str, read: Callable[[], _T]) -> _T:
+def _read(path: str, read: Callable[[], _T], expected: str = EXPECTED) -> _T:
   """`read()`, an Orbax read of the checkpoint at `path`: its errors on a damaged directory
-  become one CheckpointError naming `path` (and Orbax's log lines about it are dropped)."""
+  become one CheckpointError naming `path` and what was `expected` (and Orbax's log lines about
+  it are dropped)."""
   try:
     with errors.quiet_if_it_fails():
       return read()
-  except _ORBAX_READ_ERRORS as e:
-    raise CheckpointError(f"{path!r} cannot be read as a checkpoint ({type(e).__name__}: "
-                          f"{errors.one_line(e)[:200]}); {EXPECTED}") from None
+  except Exception as e:  # pylint: disable=broad-except
+    # Orbax raises a shard's read error (a data file cut or garbled) as a bare Exception whose
+    # cause is the error.
+    cause = e if isinstance(e, _ORBAX_READ_ERRORS) else e.__cause__
+    if not isinstance(cause, _ORBAX_READ_ERRORS):
+      raise
+    raise CheckpointError(f"{path!r} cannot be read as a checkpoint ({type(cause).__name__}: "
+                          f"{errors.one_line(cause)[:200]}); {expected}") from None
 
 
 def load_config(path: str) -> LlamaConfig:

@@ -3,7 +3,8 @@
 Parameters are plain `nnx.Param`s named as in Hugging Face (`q_proj`, `gate_proj`, ...) so that the
 checkpoint mapping (hf_io.py) and the partition-spec table (sharding.py, the one place where specs
 live) can both refer to parameters by name. Projection kernels keep the head axis separate
-(`q_proj`: [D, N, H]) so tensor parallelism splits whole heads.
+(`q_proj`: [D, N, H]) so tensor parallelism splits whole heads. `ksjax.model.lora` may give the
+projections low-rank adapters and quantize their weights (`Projections`).
 
 Numerics follow transformers' eager Llama: norms and softmax in float32, everything else in the
 compute dtype `cfg.dtype`, parameters stored in `cfg.param_dtype`.
@@ -316,7 +317,109 @@ def attend_shared_prompt(q_btnh: jax.Array, pk_pkhs: jax.Array, pv_pksh: jax.Arr
   return out_bkgh.reshape(b, 1, n_heads, h)
 
 
-class Attention(nnx.Module):
+class Projections(nnx.Module):
+  """What Attention and MLP share: their weight matrices, which `ksjax.model.lora` may have
+  replaced by qwix-quantized ones (QLoRA's frozen base) and given low-rank adapters.
+
+  A weight `w` is an `nnx.Param`, or a `qwix.QArray` of `nnx.Param`s (int8 or int4 values and
+  their scales) that `product` dequantizes where it is used. Its adapter, when it has one, is the
+  pair `w_lora_a` [*in, r] and `w_lora_b` [r, *out] (`nnx.LoRAParam`s, qwix's names), and the
+  product becomes x w + lora_scale * (x A) B: the frozen product as `project` computes it, plus the
+  adapter's two thin products. At initialisation B = 0, so the adapter adds exact zeros and the
+  model computes what the base computes, bit for bit.
+
+  Why the adapters are applied here and not by qwix's interception (`qwix.LoraProvider`, which
+  adds the same x A B to every `jnp.einsum`/`lax.dot_general` on a weight): qwix intercepts one
+  method of an NNX model, and this model is entered by four (`hidden` for training and log-probs,
+  `hidden_cached` and `forward_shared` for the sampler, `__call__`); and the products it would
+  intercept run inside custom VJPs (`swiglu` always, `_mixed_matmul` under `matmul_dtype`), whose
+  traced weights qwix cannot trace back to their parameters and whose hand-written backward
+  passes give an adapter closed over inside them no gradient (jax refuses it as a leaked tracer).
+  qwix still provides the quantization (`qwix.quantize`, `qwix.dequantize`), and the adapters
+  are laid out as qwix lays them out (`nnx.LoRAParam`s, its names, its initialisers;
+  `ksjax.model.lora`).
+  """
+
+  # alpha / rank of this module's adapters, set by `lora.apply`; None: it has none.
+  lora_scale: float | None = None
+  # False in the view `lora.adapters_off` returns: the frozen base (the reference policy).
+  lora_enabled: bool = True
+
+  def set_view(self, lora: bool | None = None):
+    """`nnx.view(model, lora=False)`: the adapters off (`lora.adapters_off`)."""
+    if lora is not None:
+      self.lora_enabled = lora
+
+  def adapted(self, name: str) -> bool:
+    """Whether weight `name` has an adapter, switched on."""
+    return (self.lora_scale is not None and self.lora_enabled
+            and hasattr(self, name + "_lora_a"))
+
+  def quantized(self, name: str) -> bool:
+    """Whether weight `name` is a quantized one (a qwix QArray, not a Param)."""
+    return not isinstance(getattr(self, name), nnx.Variable)
+
+  def weight(self, name: str) -> jax.Array:
+    """Weight `name` as an array: its parameter's value, or its quantized value dequantized."""
+    w = getattr(self, name)
+    return w[...] if isinstance(w, nnx.Variable) else _dequantized(_values(w))
+
+  def product(self, name: str, x: jax.Array, spec: str | None = None,
+              shape: tuple[int, ...] | None = None) -> jax.Array:
+    """x times weight `name` (as `project` computes it, the weight reshaped to `shape` if given),
+    plus its adapter's product when it has one switched on.
+
+    A quantized weight is dequantized where it is used, so that one layer's float weights exist
+    at a time (what QLoRA keeps is the quantized base): inside a rematerialised region, so that
+    the backward pass recomputes them instead of keeping every layer's from the forward pass; and
+    behind an optimization barrier with the layer's input. Why the barrier: the dequantization
+    depends on the parameters alone, and XLA hoists such work out of a loop, here the update's
+    scan over micro-batches (and the sampler's decode loop), which then holds every layer's float
+    weights for the whole step (benchmarks/lora_update.py prints the compiled step's bytes)."""
+    def frozen(x, w):
+      return project(x, w if shape is None else w.reshape(shape), self.dtype, self.matmul_dtype,
+                     spec)
+
+    def dequantized_product(x, q):
+      x, q = jax.lax.optimization_barrier((x, q))
+      return frozen(x, _dequantized(q))
+
+    if self.quantized(name):
+      y = jax.checkpoint(dequantized_product, policy=jax.checkpoint_policies.nothing_saveable)(
+          x, _values(getattr(self, name)))
+    else:
+      y = frozen(x, self.weight(name))
+    if not self.adapted(name):
+      return y
+    return y + self.adapter_product(name, x).reshape(y.shape)
+
+  def adapter_product(self, name: str, x: jax.Array) -> jax.Array:
+    """lora_scale * (x A) B for weight `name`'s adapter, x [..., K] (K: the weight's input axes
+    together) -> [..., N] (N: its output axes together). Both products as `project` computes the
+    weight's (in `matmul_dtype` where it is set); the adapter's input goes through LoRA's dropout
+    where `lora.apply` added one (`lora_dropout`, off outside `lora.training`)."""
+    a = getattr(self, name + "_lora_a")[...]
+    b = getattr(self, name + "_lora_b")[...]
+    rank = a.shape[-1]
+    if hasattr(self, "lora_dropout"):
+      x = self.lora_dropout(x)
+    xa = project(x, a.reshape(-1, rank), self.dtype, self.matmul_dtype)
+    delta = project(xa, b.reshape(rank, -1), self.dtype, self.matmul_dtype)
+    return delta * jnp.asarray(self.lora_scale, delta.dtype)
+
+
+def _values(tree):
+  """A tree of nnx Variables (a quantized weight's QArray) with each Variable's value."""
+  return jax.tree.map(lambda v: v[...], tree, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def _dequantized(q) -> jax.Array:
+  # Imported here: only a quantized base needs qwix, and every program imports this module.
+  import qwix  # pylint: disable=import-outside-toplevel
+  return qwix.dequantize(q)
+
+
+class Attention(Projections):
   """Grouped-query self-attention with half-split RoPE and an optional KV cache."""
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
@@ -328,14 +431,11 @@ class Attention(nnx.Module):
     self.dtype = jnp.dtype(cfg.dtype)
     self.matmul_dtype = cfg.matmul_dtype
 
-  def _project(self, spec: str, x: jax.Array, p: nnx.Param) -> jax.Array:
-    return project(x, p[...], self.dtype, self.matmul_dtype, spec)
-
   def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
     """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H]."""
-    q = constrain(self._project("btd,dnh->btnh", x_btd, self.q_proj), "btnh")
-    k = constrain(self._project("btd,dkh->btkh", x_btd, self.k_proj), "btkh")
-    v = constrain(self._project("btd,dkh->btkh", x_btd, self.v_proj), "btkh")
+    q = constrain(self.product("q_proj", x_btd, "btd,dnh->btnh"), "btnh")
+    k = constrain(self.product("k_proj", x_btd, "btd,dkh->btkh"), "btkh")
+    v = constrain(self.product("v_proj", x_btd, "btd,dkh->btkh"), "btkh")
     return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
 
   def out(self, attn_btnh: jax.Array) -> jax.Array:
@@ -347,9 +447,8 @@ class Attention(nnx.Module):
     step against its matmuls)."""
     attn_btnh = constrain(attn_btnh, "btnh")
     b, t, n, h = attn_btnh.shape
-    w_nhd = self.o_proj[...]
-    out_btd = project(attn_btnh.reshape(b, t, n * h), w_nhd.reshape(n * h, w_nhd.shape[-1]),
-                      self.dtype, self.matmul_dtype)
+    out_btd = self.product("o_proj", attn_btnh.reshape(b, t, n * h),
+                           shape=(n * h, self.o_proj.shape[-1]))
     return constrain(out_btd, "btd")
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
@@ -420,8 +519,10 @@ def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
-class MLP(nnx.Module):
+class MLP(Projections):
   """SwiGLU: down(silu(gate(x)) * up(x)) (`swiglu`)."""
+
+  WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
@@ -432,8 +533,24 @@ class MLP(nnx.Module):
     self.matmul_dtype = cfg.matmul_dtype
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
-    return swiglu(x_btd, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
-                  self.dtype, self.matmul_dtype)
+    if not any(self.quantized(n) or self.adapted(n) for n in self.WEIGHTS):
+      return swiglu(x_btd, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
+                    self.dtype, self.matmul_dtype)
+    return self.adapted_swiglu(x_btd)
+
+  def adapted_swiglu(self, x_btd: jax.Array) -> jax.Array:
+    """`swiglu`'s forward, op for op, with each product a `Projections.product` (a quantized
+    weight dequantized, an adapter's product added), differentiated by jax.
+
+    Why not `swiglu`: its hand-written backward returns the gradients of its four arguments and
+    no others, so an adapter applied inside it would get none, and its residuals would hold a
+    quantized base's dequantized weights. Under LoRA the frozen weights need no gradient, and
+    the weight-gradient products that backward was written to lay out (`_swiglu_bwd`) are not
+    formed at all."""
+    g_btf = constrain(self.product("gate_proj", x_btd), "btf")
+    u_btf = constrain(self.product("up_proj", x_btd), "btf")
+    hidden_btf = constrain(jax.nn.silu(g_btf) * u_btf, "btf")
+    return constrain(self.product("down_proj", hidden_btf), "btd")
 
 
 class DecoderLayer(nnx.Module):

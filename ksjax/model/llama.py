@@ -81,8 +81,12 @@ def with_config(llama: "Llama", **changes) -> "Llama":
   the model computes but not its parameters (`matmul_dtype`, `remat`): the layers take theirs
   from the config when they are built, so setting `llama.cfg` alone would not reach them."""
   cfg = dataclasses.replace(llama.cfg, **changes)
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
-  return nnx.merge(graphdef, nnx.state(llama))
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+  state = nnx.state(llama)
+  if {p for p, _ in nnx.to_flat_state(state)} != {p for p, _ in nnx.to_flat_state(abstract)}:
+    raise ValueError("with_config takes a plain Llama; give it the base and apply LoRA "
+                     "(ksjax.model.lora.apply) to its result")
+  return nnx.merge(graphdef, state)
 
 
 class Llama(nnx.Module):

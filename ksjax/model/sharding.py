@@ -61,6 +61,20 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "value_bias": (),                         # []
 }
 
+# How many leading axes of each weight matrix are its input (contracted) axes; the rest are its
+# output axes. A low-rank adapter of a weight (`ksjax.model.lora`, qwix's names) is
+# `<name>_lora_a` [*input axes, rank] and `<name>_lora_b` [rank, *output axes], each split as the
+# weight's axes it keeps (the rank axis replicated); a quantized weight (QLoRA's base, a
+# `qwix.QArray`) is `<name>/qvalue`, split as the weight, and `<name>/scale`, split as the weight's
+# output axes (its input axes hold one scale per group, and are replicated).
+INPUT_AXES: dict[str, int] = {
+    "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
+    "gate_proj": 1, "up_proj": 1, "down_proj": 1, "lm_head": 1,
+}
+_LORA_SUFFIXES = ("_lora_a", "_lora_b")
+# An RNG stream's key and counter (LoRA's dropout, `nnx.Dropout`): scalars, replicated.
+_RNG_LEAVES = ("key", "count")
+
 # Activation kind (named by its shape letters) -> logical axis of each dimension. Hidden states
 # (the residual stream, norms, block inputs) are split along the sequence over tensor: Megatron's
 # sequence parallelism. The all-reduce after the row-split o/down matmuls becomes a
@@ -123,12 +137,29 @@ def param_name(path: Sequence) -> str:
   return str(path[-1])
 
 
-def partition_spec(path: Sequence) -> P:
-  """The PartitionSpec of the parameter at `path`."""
+def logical_axes(path: Sequence) -> tuple[str | None, ...]:
+  """The logical axes of the parameter at `path` (`PARAM_AXES`, and the adapters, quantized
+  weights and RNG streams of a LoRA model as `INPUT_AXES` says)."""
   name = param_name(path)
+  parent = str(path[-2]) if len(path) > 1 else ""
+  if name.endswith(_LORA_SUFFIXES) and name[:-len("_lora_a")] in INPUT_AXES:
+    weight = name[:-len("_lora_a")]
+    n_in = INPUT_AXES[weight]
+    axes = PARAM_AXES[weight]
+    return axes[:n_in] + (None,) if name.endswith("_lora_a") else (None,) + axes[n_in:]
+  if parent in INPUT_AXES and name in ("qvalue", "scale", "zero_point"):
+    axes = PARAM_AXES[parent]
+    return axes if name == "qvalue" else (None,) * INPUT_AXES[parent] + axes[INPUT_AXES[parent]:]
+  if name in _RNG_LEAVES and "rngs" in map(str, path):
+    return ()
   if name not in PARAM_AXES:
     raise KeyError(f"parameter {'.'.join(map(str, path))} has no entry in sharding.PARAM_AXES")
-  return P(*(LOGICAL_TO_MESH.get(a) if a else None for a in PARAM_AXES[name]))
+  return PARAM_AXES[name]
+
+
+def partition_spec(path: Sequence) -> P:
+  """The PartitionSpec of the parameter at `path`."""
+  return P(*(LOGICAL_TO_MESH.get(a) if a else None for a in logical_axes(path)))
 
 
 def activation_spec(kind: str) -> P:
@@ -228,7 +259,7 @@ def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:
   return out
 
 
-__all__ = ["AXES", "BATCH", "PARAM_AXES", "ACTIVATION_AXES", "LOGICAL_TO_MESH", "make_mesh",
-           "partition_spec", "activation_spec", "constrain", "axis_size",
-           "check_divisible", "state_shardings", "batch_shards", "batch_sharding",
+__all__ = ["AXES", "BATCH", "PARAM_AXES", "INPUT_AXES", "ACTIVATION_AXES", "LOGICAL_TO_MESH",
+           "make_mesh", "logical_axes", "partition_spec", "activation_spec", "constrain",
+           "axis_size", "check_divisible", "state_shardings", "batch_shards", "batch_sharding",
            "cache_sharding", "shard", "sharded_forward", "per_device_bytes"]

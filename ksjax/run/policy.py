@@ -10,6 +10,9 @@ value head (zero-initialised when the starting point has none).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from typing import Any
+
 import jax
 import numpy as np
 from flax import nnx
@@ -18,7 +21,7 @@ from ksjax import distributed, model
 from ksjax.config_validation import ConfigError
 from ksjax.model import checkpoint as model_checkpoint
 from ksjax.model import gguf_io, hf_io
-from ksjax.run.spec import ModelSpec
+from ksjax.run.spec import LoraSpec, ModelSpec
 
 
 def policy_config(spec: ModelSpec, vocab_size: int, *, value_head: bool) -> model.LlamaConfig:
@@ -84,3 +87,41 @@ def build_model(spec: ModelSpec, vocab_size: int, mesh: jax.sharding.Mesh, *, va
   changes = {f: getattr(cfg, f) for f in ("remat", "matmul_dtype")
              if getattr(llama.cfg, f) != getattr(cfg, f)}
   return model.with_config(llama, **changes) if changes else llama
+
+
+# ---------------------------------------------------------------------------------------------
+# Low-rank adapters (config.lora)
+# ---------------------------------------------------------------------------------------------
+
+def base_record(spec: ModelSpec, llama: model.Llama) -> dict[str, str]:
+  """What a LoRA run records of the base its adapters belong to (`ksjax.model.lora.base_record`):
+  the file it was read from, with that file's sha256; for a fresh preset (no file), the sha256
+  of its parameters' bytes, which its config and seed rebuild."""
+  from ksjax.model import lora  # pylint: disable=import-outside-toplevel
+  if spec.start is not None:
+    return lora.base_record(getattr(spec, spec.start), spec.model.dtype)
+  digest = hashlib.sha256()
+  for path, variable in sorted(nnx.to_flat_state(nnx.state(llama, nnx.Param))):
+    digest.update(".".join(map(str, path)).encode() + b"\0")
+    digest.update(np.ascontiguousarray(jax.device_get(variable[...])).tobytes())
+  return {"path": "", "name": f"preset {spec.model.preset}", "sha256": digest.hexdigest(),
+          "dtype": spec.model.dtype}
+
+
+def adapt(llama: model.Llama, spec: LoraSpec, seed: int) -> model.Llama:
+  """`llama` with the adapters `spec` describes (QLoRA: its base quantized), the adapters'
+  initial A drawn from `seed`; `llama` itself when LoRA is off."""
+  from ksjax.model import lora  # pylint: disable=import-outside-toplevel
+  return lora.apply(llama, spec, rngs=nnx.Rngs(seed))
+
+
+def check_base(recorded: Any, base: dict[str, str], where: str) -> None:
+  """ConfigError unless `recorded` (what a checkpoint says of its base) is `base`: adapters
+  computed on other weights compute nonsense."""
+  have = recorded.get("sha256") if isinstance(recorded, dict) else None
+  if have != base["sha256"]:
+    raise ConfigError(
+        f"{where} holds adapters for the base "
+        f"{(recorded or {}).get('name', '(not recorded)')!r} (sha256 {str(have)[:16]}), but this "
+        f"run's base {base['name']!r} has sha256 {base['sha256'][:16]}; expected the base the "
+        "adapters were trained on")

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 from absl import app, flags
 
-from ksjax import errors
+from ksjax import errors, files
 from ksjax.config_validation import ConfigError
 from ksjax.model import checkpoint, config, gguf_io, hf_io, sharding
 
@@ -47,7 +45,9 @@ def _define_flags() -> None:
                     "(data, fsdp, tensor) mesh to load onto; -1 = remaining devices.")
 
 
-def _write_tokenizer(tok: gguf_io.GGUFTokenizer, directory: str, template_file: bool) -> None:
+def write_tokenizer(tok: gguf_io.GGUFTokenizer, directory: str, template_file: bool) -> None:
+  """The GGUF file's tokenizer as Hugging Face files in `directory` (also `merge_lora`'s, for a
+  GGUF base): tokenizer.json, tokenizer_config.json, and chat_template.jinja if `template_file`."""
   os.makedirs(directory, exist_ok=True)
   tok.tok.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as fp:
@@ -75,21 +75,14 @@ def convert(gguf_path: str, out: str, fmt: str = "orbax", dtype: str = "float32"
   except ValueError as e:
     raise ConfigError(f"--mesh={mesh_shape!r} is not accepted: {e}") from None
   llama, cfg = gguf_io.load_gguf(reader, mesh=mesh, dtype=dtype)
-  parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp_convert_gguf_", dir=parent)
-  try:
-    result = os.path.join(tmp, "result")
+  with files.new_directory(out) as result:
     if fmt == "orbax":
       os.makedirs(result)
       checkpoint.save(os.path.join(result, "checkpoint"), llama)
-      _write_tokenizer(tok, os.path.join(result, "tokenizer"), template_file=True)
+      write_tokenizer(tok, os.path.join(result, "tokenizer"), template_file=True)
     else:
       hf_io.save_hf(llama, cfg, result)
-      _write_tokenizer(tok, result, template_file=False)
-    os.rename(result, out)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+      write_tokenizer(tok, result, template_file=False)
 
 
 def main(argv):

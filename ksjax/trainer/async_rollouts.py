@@ -171,7 +171,8 @@ class Rollouts:
   Args:
     draw: samples one step (the lockstep loop's `StepSampler.draw`: prompts from the data stream,
       `ksjax.trainer.draw.draw_step`).
-    graphdef: the policy's graph (the sampler merges pushed parameters into it).
+    policy: pushed parameters (on the sampler's mesh) -> the model that samples with them (the
+      graph merged with them, and under LoRA with the frozen base).
     max_lag: L >= 1.
     mesh: where the sampler runs (its own sub-mesh, or the learner's).
     rng: the run's random key at `step` (the learner's `TrainState.rng`).
@@ -179,10 +180,10 @@ class Rollouts:
     restored: rollouts a checkpoint saved (`load_pending`), steps step, step + 1, ...
   """
 
-  def __init__(self, draw: DrawFn, graphdef: nnx.GraphDef, *, max_lag: int,
+  def __init__(self, draw: DrawFn, policy: Callable[[nnx.State], Any], *, max_lag: int,
                mesh: jax.sharding.Mesh, rng: jax.Array, step: int,
                restored: list[Pending] = ()):
-    self._draw, self._graphdef, self._lag, self._mesh = draw, graphdef, max_lag, mesh
+    self._draw, self._policy, self._lag, self._mesh = draw, policy, max_lag, mesh
     self._pending = {p.step: p for p in restored}
     self._next = step + len(restored)  # the next step to start
     rng = jax.device_get(rng)  # the key chain runs on the host: the same bits as on devices
@@ -202,7 +203,7 @@ class Rollouts:
     # Device to device onto the sampler's shardings; on the learner's own mesh a copy, since the
     # update donates (and so frees) the buffers it is given.
     copy = jax.device_put(params, self._shardings, donate=False, may_alias=False)
-    sampler = nnx.merge(self._graphdef, copy)
+    sampler = self._policy(copy)
     while self._next <= step + self._lag:
       self._rng, sample_key, _ = next_keys(self._rng)
       s = self._next

@@ -49,6 +49,7 @@ from absl import flags, logging
 from flax import nnx
 
 from ksjax import allocator, distributed, files, machine, model
+from ksjax.model import lora
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
@@ -58,6 +59,10 @@ from ksjax.trainer import async_rollouts, held_out, learner, memory_plan, metric
 from ksjax.trainer import draw as draw_lib
 from ksjax.trainer import probe, rollout, warmup
 from ksjax.trainer import update as update_lib
+
+
+# The config item of a LoRA run's checkpoints records its base under this key, beside the config.
+LORA_BASE_KEY = "lora_base"
 
 
 def _say(message: str) -> None:
@@ -155,18 +160,33 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     _say(note)
 
   schedule = spec.optimizer.schedule()
-  # The structure alone: a name bound to the loaded parameters would keep them alive beside the
-  # train state's copy for the whole run.
-  graphdef = nnx.graphdef(llama)
-  updater = update_lib.build_updater(spec, graphdef, mesh)
+  lora_base = None  # under LoRA, what the checkpoints record of the base
+  frozen = None
+  if spec.lora.enabled:
+    lora_base = policy.base_record(spec.model, llama)
+    llama = policy.adapt(llama, spec.lora, spec.run.seed)  # QLoRA: the float base is dropped
+    graphdef, _, frozen = lora.split(llama)
+    base_format = (spec.model.model.dtype if spec.lora.quantize_base == "none"
+                   else spec.lora.quantize_base)
+    _say(f"LoRA: rank {spec.lora.rank} on {spec.lora.targets} weights "
+         f"({_count(nnx.state(llama, lora.trainable_filter(llama))):,} trainable parameters), "
+         f"frozen base {lora_base['name']} ({base_format})")
+  else:
+    # The structure alone: a name bound to the loaded parameters would keep them alive beside
+    # the train state's copy for the whole run.
+    graphdef = nnx.graphdef(llama)
+  updater = update_lib.build_updater(spec, graphdef, mesh, frozen)
+  del frozen
   data_iterator = run_tasks.train_iterator(spec.task, task, batch_prompts=spec.sampling.batch_prompts,
                                            seed=spec.run.seed)
   checkpointer = checkpoints.Checkpointer(
       run_dir.steps_dir, save_every=spec.run.checkpoint_every, keep=spec.run.keep_checkpoints,
       use_async=spec.run.async_checkpoints)
   step, state, ref_params, resumed = _start_or_resume(
-      spec, task, llama, updater, data_iterator, checkpointer, mesh, run_dir)
+      spec, task, llama, updater, data_iterator, checkpointer, mesh, run_dir, lora_base)
   del llama
+  saved_config = spec.config_json if lora_base is None else {**spec.config_json,
+                                                              LORA_BASE_KEY: lora_base}
 
   s, e = spec.sampling, spec.estimator
   mixture = "" if e.k_mixture == "none" else f", mixture {e.k_mixture} over k <= {e.k}"
@@ -191,8 +211,8 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   first_step = step
   ahead = None  # lockstep; with config.max_lag, the rollouts sampled ahead (`async_rollouts`)
   if s.max_lag:
-    ahead = _rollouts_ahead(spec, sampler, graphdef, sampler_mesh or mesh, state, step, run_dir,
-                            resumed)
+    ahead = _rollouts_ahead(spec, sampler, _sampler_policy(updater, sampler_mesh),
+                            sampler_mesh or mesh, state, step, run_dir, resumed)
   try:
     while step < spec.run.num_steps and not over:
       allocator.release_free_memory()  # the last phase's freed pages, before sampling's
@@ -201,7 +221,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       worker_seconds = None
       if ahead is None:
         state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
-        drawn = sampler.draw(step, nnx.merge(graphdef, state.params), sample_key, mesh, timer)
+        drawn = sampler.draw(step, updater.policy(state.params), sample_key, mesh, timer)
       else:
         ahead.push(step, state.params)  # before the update donates them
         state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
@@ -233,7 +253,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
       if spec.eval.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
         probe_cpu, probe_wall = cpu_seconds(), time.perf_counter()
-        scalars.update(probe.evaluate(nnx.merge(graphdef, state.params), task, spec.eval,
+        scalars.update(probe.evaluate(updater.policy(state.params), task, spec.eval,
                                       seed=spec.run.seed + 2, mesh=mesh))
         scalars["time/probe"] = time.perf_counter() - probe_wall
         budget.before -= cpu_seconds() - probe_cpu
@@ -251,7 +271,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
         # Before Orbax saves the data iterator: the worker is idle once these are done.
         async_rollouts.save_pending(run_dir.workdir, step, ahead.settle(),
                                     min(checkpointer.steps(), default=None))
-      saved = checkpointer.save(step, state, data_iterator, spec.config_json, force=last)
+      saved = checkpointer.save(step, state, data_iterator, saved_config, force=last)
       if saved and not logged:  # a resumed run reads its CPU time from the checkpoint's step
         writer.write(step, scalars)
       if over:
@@ -266,7 +286,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
 
   if int(state.skipped):
     _say(f"{int(state.skipped)} update(s) had a non-finite loss or gradient and were skipped")
-  final = nnx.merge(graphdef, state.params)
+  final = updater.policy(state.params)
   if step > first_step:
     # Resumed past an earlier end (a larger num_steps or CPU budget), a final policy is stale:
     # one process removes it while the others wait.
@@ -274,7 +294,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       shutil.rmtree(run_dir.final_dir)
     distributed.gather(None)
   if not os.path.isdir(run_dir.final_dir):
-    model.save_checkpoint(run_dir.final_dir, final)
+    _save_policy(run_dir.final_dir, final, spec, lora_base)
   if spec.eval.at_end:
     _final_eval(spec, final, task, mesh, run_dir)
   _say(compiled.summary())
@@ -295,13 +315,39 @@ def _cpu_before(run_dir: RunDirectory, step: int) -> float:
   return used
 
 
+def _count(state: nnx.State) -> int:
+  return sum(x.size for x in jax.tree.leaves(state))
+
+
+def _save_policy(path: str, llama, spec: TrainSpec, lora_base: dict | None) -> None:
+  """A run's start or final policy: a ksjax.model checkpoint, or under LoRA the adapters alone,
+  naming their base (`lora.save`; `python -m ksjax.tools.merge_lora` makes a whole model)."""
+  if lora_base is None:
+    model.save_checkpoint(path, llama)
+  else:  # every process: Orbax's save is collective, as in model.save_checkpoint
+    lora.save(path, llama, spec.lora, lora_base)
+
+
+def _sampler_policy(updater: update_lib.Updater, sampler_mesh):
+  """params -> the model the asynchronous sampler runs: `updater.policy`, or on a sampler mesh of
+  its own under LoRA, the graph with a copy of the frozen base placed there once."""
+  if sampler_mesh is None or updater.frozen is None:
+    return updater.policy
+  frozen = jax.device_put(updater.frozen, jax.tree.map(
+      lambda x: jax.sharding.NamedSharding(sampler_mesh, x.sharding.spec), updater.frozen))
+  return lambda params: nnx.merge(updater.graphdef, params, frozen)
+
+
 def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, checkpointer, mesh,
-                     run_dir: RunDirectory):
+                     run_dir: RunDirectory, lora_base: dict | None = None):
   """(step, state, reference parameters, resumed): the newest readable checkpoint
   (config.resume), or a fresh start at step 0: the warm-up, the start policy saved in the run
-  directory, its evaluation."""
+  directory, its evaluation. Under LoRA the parameters are the adapters (`lora.split`) and the
+  reference is the start's adapters on the same frozen base: without warm-up B = 0, the base
+  itself, bit for bit, so no second copy of the base is ever held."""
   start_dir = run_dir.start_dir
-  _, params = nnx.split(llama)
+  params = (nnx.state(llama) if lora_base is None
+            else nnx.state(llama, lora.trainable_filter(llama)))
   restored = None
   if spec.run.resume:
     restored = checkpointer.restore_latest(updater.abstract_state(params), data_iterator)
@@ -317,12 +363,19 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
     step, state, saved_config = restored
     _say(f"resumed from step {step} in {checkpointer.directory}")
     config_json = spec.config_json
+    if lora_base is not None:
+      policy.check_base(saved_config.get(LORA_BASE_KEY), lora_base,
+                        f"config.resume=True: checkpoint {step} in {checkpointer.directory}")
     changed = sorted(k for k in set(saved_config) | set(config_json)
-                     if saved_config.get(k) != config_json.get(k) and k != "resume")
+                     if saved_config.get(k) != config_json.get(k)
+                     and k not in ("resume", LORA_BASE_KEY))
     if changed:
       _say(f"warning: config differs from the checkpoint's in {', '.join(changed)}")
     if not os.path.isdir(start_dir):
       raise ConfigError(f"config.resume=True: {start_dir} (the start policy) is missing")
+    if lora_base is not None:  # the start's adapters, read into the model built for this run
+      lora.restore(start_dir, llama)
+      return step, state, nnx.state(llama, lora.trainable_filter(llama)), True
     reference, _ = model.load_checkpoint(start_dir, mesh)
     return step, state, nnx.state(reference), True
 
@@ -342,7 +395,7 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
          f"{summary['loss']:.3f}")
   if os.path.isdir(start_dir):  # a previous attempt died before its first checkpoint
     shutil.rmtree(start_dir)
-  model.save_checkpoint(start_dir, llama)
+  _save_policy(start_dir, llama, spec, lora_base)
   if spec.eval.at_start:
     _say(f"held-out evaluation of the start policy ({spec.eval.num_samples} samples per "
          "prompt)...")
@@ -355,7 +408,7 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 
-def _rollouts_ahead(spec: TrainSpec, sampler: StepSampler, graphdef, sampler_mesh, state,
+def _rollouts_ahead(spec: TrainSpec, sampler: StepSampler, sampler_policy, sampler_mesh, state,
                     step: int, run_dir: RunDirectory, resumed: bool) -> async_rollouts.Rollouts:
   """The worker sampling config.max_lag steps ahead through `sampler`, the lockstep loop's own
   draw, with the rollouts the checkpoint saved."""
@@ -369,7 +422,8 @@ def _rollouts_ahead(spec: TrainSpec, sampler: StepSampler, graphdef, sampler_mes
     drawn = sampler.draw(s, policy, sample_key, mesh, timer)
     return drawn, timer.seconds
 
-  return async_rollouts.Rollouts(draw, graphdef, max_lag=spec.sampling.max_lag, mesh=sampler_mesh,
+  return async_rollouts.Rollouts(draw, sampler_policy, max_lag=spec.sampling.max_lag,
+                                 mesh=sampler_mesh,
                                  rng=state.rng, step=step, restored=restored or [])
 
 

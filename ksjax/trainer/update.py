@@ -152,8 +152,17 @@ class Updater:
   """
 
   def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-               loss: LossSpec, mesh: jax.sharding.Mesh, *, temperature: float = 1.0):
+               loss: LossSpec, mesh: jax.sharding.Mesh, *, temperature: float = 1.0,
+               frozen: nnx.State | None = None, dropout: bool = False):
     self.graphdef = graphdef
+    # Under LoRA (`ksjax.model.lora.split`) the parameters a TrainState holds are the adapters
+    # alone and `frozen` is the base: every program takes it as an argument (a closed-over array
+    # would be copied into the program as a constant), never differentiated or donated.
+    self.frozen = frozen
+    # LoRA's dropout on the adapters' inputs in the update (not in forward-only programs): its
+    # mask is drawn from the run's key and the optimizer step (`_dropout_key`), so a resumed run
+    # draws the masks an uninterrupted one draws.
+    self.dropout = dropout
     self.optimizer = optimizer
     self.loss = loss
     self.temperature = temperature
@@ -162,6 +171,12 @@ class Updater:
     self._steps: dict[Any, Callable] = {}
     self._forwards: dict[Any, Callable] = {}
     self._zero_step: Callable | None = None
+
+  def policy(self, params: nnx.State):
+    """The model these parameters (a TrainState's) make: with the frozen base under LoRA."""
+    if self.frozen is None:
+      return nnx.merge(self.graphdef, params)
+    return nnx.merge(self.graphdef, params, self.frozen)
 
   # -- state -----------------------------------------------------------------------------------
 
@@ -240,8 +255,8 @@ class Updater:
       shards = self.batch_shards
       # The loss's metric names and shapes, traced on a two-token batch (nothing is computed).
       mb = batch_lib.abstract(self.loss, self.mesh, rows=shards, micro=shards, seq_len=2)
-      sums = jax.eval_shape(lambda p, b: self._micro_loss(p, jax.tree.map(lambda x: x[0], b),
-                                                          prompt_len=1)[1], state.params, mb)
+      sums = jax.eval_shape(lambda p, b, f: self._micro_loss(
+          p, jax.tree.map(lambda x: x[0], b), f, prompt_len=1)[1], state.params, mb, self.frozen)
 
       def update(state: TrainState):
         return _optimizer_step(self.optimizer, state,
@@ -253,36 +268,58 @@ class Updater:
                                 out_shardings=(shardings, self._replicated), donate_argnums=(0,))
     return self._zero_step(state)
 
-  def _micro_loss(self, params, mb: MicroBatch, prompt_len: int):
-    """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings."""
+  def _micro_loss(self, params, mb: MicroBatch, frozen, prompt_len: int,
+                  dropout_key: jax.Array | None = None):
+    """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings (and LoRA's
+    dropout drawn from `dropout_key` when there is one)."""
+    llama = nnx.merge(self.graphdef, params) if frozen is None else nnx.merge(
+        self.graphdef, params, frozen)
+    if dropout_key is not None:
+      from ksjax.model import lora  # pylint: disable=import-outside-toplevel
+      llama = lora.with_dropout_key(llama, dropout_key)
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
-      return loss_and_metrics(nnx.merge(self.graphdef, params), mb, self.loss, self.temperature,
-                              prompt_len)
+      return loss_and_metrics(llama, mb, self.loss, self.temperature, prompt_len)
+
+  def _dropout_key(self, state: TrainState, micro: jax.Array | int) -> jax.Array | None:
+    """The key of LoRA's dropout masks in micro-batch `micro` of this optimizer step: the run's
+    key as the update receives it (checkpointed; an update never advances it) folded with the
+    optimizer step count and the micro-batch, so no two micro-batches share masks; None without
+    dropout."""
+    if not self.dropout:
+      return None
+    return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), micro)
 
   def _build_step(self, state: TrainState, batch, prompt_len: int):
     micro_loss = functools.partial(self._micro_loss, prompt_len=prompt_len)
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def update(state: TrainState, batch):
-      def accumulate(carry, mb):
+    def update(state: TrainState, batch, frozen):
+      def accumulate(carry, micro):
         grads, sums = carry
-        (_, metrics), g = grad_fn(state.params, mb)
+        mb, index = micro
+        (_, metrics), g = grad_fn(state.params, mb, frozen,
+                                  dropout_key=self._dropout_key(state, index))
         return (jax.tree.map(jnp.add, grads, g), add_metrics(sums, metrics)), None
 
       first_mb = jax.tree.map(lambda x: x[0], batch)
-      if jax.tree.leaves(batch)[0].shape[0] == 1:  # one micro-batch: nothing to accumulate
-        (_, sums), grads = grad_fn(state.params, first_mb)
+      num_micro = jax.tree.leaves(batch)[0].shape[0]
+      if num_micro == 1:  # one micro-batch: nothing to accumulate
+        (_, sums), grads = grad_fn(state.params, first_mb, frozen,
+                                   dropout_key=self._dropout_key(state, 0))
       else:
         zero_metrics = jax.tree.map(
-            jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb)[1]))
+            jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb, frozen)[1]))
         zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), batch)
+        (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics),
+                                        (batch, jnp.arange(num_micro)))
       return _optimizer_step(self.optimizer, state, grads, sums)
 
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_shardings = jax.tree.map(lambda v: v.sharding, batch)
-    return jax.jit(update, in_shardings=(shardings, batch_shardings),
+    frozen_shardings = jax.tree.map(lambda x: x.sharding, self.frozen)
+    step = jax.jit(update, in_shardings=(shardings, batch_shardings, frozen_shardings),
                    out_shardings=(shardings, self._replicated), donate_argnums=(0,))
+    return _WithFrozen(step, self)
 
   def forward(self, params: nnx.State, tokens_mmt: jax.Array, mask_mmt: jax.Array, *,
               values: bool = False, prompt_len: int = 0) -> dict[str, jax.Array]:
@@ -292,10 +329,11 @@ class Updater:
     if key not in self._forwards:
       graphdef, temperature = self.graphdef, self.temperature
 
-      def fwd(params, tokens_mmt, mask_mmt):
+      def fwd(params, frozen, tokens_mmt, mask_mmt):
         def one(args):
           tokens_rt, mask_rt = args
-          llama = nnx.merge(graphdef, params)
+          llama = nnx.merge(graphdef, params) if frozen is None else nnx.merge(
+              graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
             out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
             if values:
@@ -304,11 +342,28 @@ class Updater:
         return jax.lax.map(one, (tokens_mmt, mask_mmt))
 
       self._forwards[key] = jax.jit(fwd)
-    return self._forwards[key](params, tokens_mmt, mask_mmt)
+    return self._forwards[key](params, self.frozen, tokens_mmt, mask_mmt)
 
 
-def build_updater(spec: TrainSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh) -> Updater:
-  """The update program of a run: its loss, its optimizer, on its mesh. The one builder the
-  trainer, the memory plan, the tests and the benchmarks use."""
+class _WithFrozen:
+  """A jitted update called as (state, batch), the frozen base passed as its third argument
+  (`Updater.frozen`); `.lower(state, batch)` lowers it the same way."""
+
+  def __init__(self, jitted, updater: Updater):
+    self._jitted, self._updater = jitted, updater
+
+  def __call__(self, state, batch):
+    return self._jitted(state, batch, self._updater.frozen)
+
+  def lower(self, state, batch):
+    return self._jitted.lower(state, batch, self._updater.frozen)
+
+
+def build_updater(spec: TrainSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh,
+                  frozen: nnx.State | None = None) -> Updater:
+  """The update program of a run: its loss, its optimizer, on its mesh (under LoRA, with the
+  frozen base `frozen`). The one builder the trainer, the memory plan, the tests and the
+  benchmarks use."""
   return Updater(graphdef, spec.optimizer.build(), spec.loss, mesh,
-                 temperature=spec.sampling.temperature)
+                 temperature=spec.sampling.temperature, frozen=frozen,
+                 dropout=spec.lora.enabled and spec.lora.dropout > 0)

@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from ksjax import model
+from ksjax.model import lora
 from ksjax.run import scoring
 from ksjax.run.spec import LossSpec, WarmupSpec
 from ksjax.tasks.base import Prompt, Task
@@ -138,11 +139,16 @@ def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
   pairs = examples(task)
   prompt_len = round_up(max(len(p) for p, _ in pairs), 8)
   total_len = prompt_len + round_up(max(len(c) for _, c in pairs), 8)
-  graphdef, params = nnx.split(llama)
+  frozen = None
+  if lora.is_adapted(llama):  # the adapters warm up; the base stays as it is
+    graphdef, params, frozen = lora.split(llama)
+  else:
+    graphdef, params = nnx.split(llama)
   # Weight-1 policy gradient = negative log-likelihood (see the module docstring).
   nll = LossSpec(algorithm="pg", loss_aggregation="token_sum", loss_constant=1.0,
                  micro_batch_size=1, sparse_updates=False)
-  updater = update.Updater(graphdef, spec.optimizer().build(), nll, mesh, temperature=1.0)
+  updater = update.Updater(graphdef, spec.optimizer().build(), nll, mesh, temperature=1.0,
+                           frozen=frozen)
   state = updater.init_state(params, jax.random.key(seed))
   calibration = calibration_prompts(task, spec.calibration_prompts, seed) if spec.targeted else []
   budget = max_new_tokens or max(len(c) for _, c in pairs)
@@ -165,7 +171,7 @@ def warm_up(llama: model.Llama, task: Task, spec: WarmupSpec, *, seed: int,
     steps = i + 1
     if spec.targeted and steps % spec.check_every == 0:
       # A module of its own around the current parameters: `llama` is only updated at the end.
-      pass_at_1 = calibration_pass_at_1(nnx.merge(graphdef, state.params), task, calibration,
+      pass_at_1 = calibration_pass_at_1(updater.policy(state.params), task, calibration,
                                         spec, max_new_tokens=budget, seed=calibration_seed(seed),
                                         mesh=mesh)
       reached = pass_at_1 >= spec.target_pass_at_1

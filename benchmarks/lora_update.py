@@ -1,0 +1,229 @@
+"""One optimizer step of full fine-tuning, LoRA and QLoRA side by side, on SmolLM2-135M's shape.
+
+    python benchmarks/lora_update.py [--variants=full,lora,qlora_int4] [--rows=32] \
+        [--columns=128] [--micro_batch=4] [--rank=16] [--matmul_dtype=bfloat16] [--repeats=3] \
+        [--num_layers=30]
+
+After the CPU line (`ksjax.machine.describe`), jax's version and the allocator line, each variant
+runs in a child process of its own, so that its peak resident memory is its own (the entry points'
+allocator keeps what a process frees), one after the other:
+  full        every parameter trains (AdamW on all of them), as the trainer does today;
+  lora        rank --rank adapters on every linear layer of the blocks (q/k/v/o, gate/up/down,
+              alpha = rank), the base frozen (`ksjax.model.lora`);
+  qlora_int8  the same adapters on a base quantized to int8 by qwix;
+  qlora_int4  the same adapters on a base quantized to int4 (groups of 64) by qwix.
+The step is what the trainer's update does, without its loss: the gradient of a weighted sum of
+the token log-probs (`model.token_logprobs`) of --rows x --columns random tokens, accumulated
+over micro-batches of --micro_batch rows (`lax.scan`, as `ksjax.trainer.update` does; 4 is what
+the SmolLM2 configs use), then one AdamW update of what trains. The model is randomly initialised
+with SmolLM2-135M's shape (30 layers, width 576, tied 49152-token head; --num_layers fewer for a
+quick check), weights float32, matmul operands --matmul_dtype as the SmolLM2 configs set it.
+
+Each child prints its step's fastest wall time over --repeats (after a warm-up step that
+compiles), its peak resident memory during those steps and, apart, during the set-up (building,
+quantizing, compiling: `reset_peak_rss` says why apart), and the bytes of what trains, of the
+optimizer's state and of the frozen base (an int4 array counts a byte per value here, as jax's
+`nbytes` does), and what XLA's compiled step says it takes (`Compiled.memory_analysis`: its
+arguments, the state and the batch, and its temporaries, the activations, gradients and dequantized
+weights; as the memory plan, `ksjax.trainer.memory_plan`, counts). The resident memory counts
+what the allocator keeps of the set-up too (QLoRA frees its float base there), so the compiled
+bytes are the cleaner comparison. Then the parent prints each variant's ratios to the first one's.
+On a shared machine the times are noisy: compare the ratios, which are of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, ROOT)
+
+# SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json).
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                    head_dim=64, intermediate_size=1536, max_position_embeddings=8192,
+                    rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True)
+VARIANTS = {  # name -> lora.LoraSpec fields (None: full fine-tuning)
+    "full": None,
+    "lora": dict(quantize_base="none"),
+    "qlora_int8": dict(quantize_base="int8"),
+    "qlora_int4": dict(quantize_base="int4"),
+}
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident memory since it started or since `reset_peak_rss`, GiB
+  (Linux's VmHWM; ru_maxrss, which cannot be reset, where /proc is not there)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 2**20  # kB
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_peak_rss() -> bool:
+  """Starts `peak_rss_gib` again from the memory resident now (Linux: writing 5 to
+  /proc/self/clear_refs resets VmHWM), after handing what the allocator keeps of freed memory
+  back to the system (glibc's malloc_trim). Why: building the model and quantizing it (a float
+  base and its quantized copy at once) and compiling peak above what a step holds, and what a run
+  pays for each step is the step's peak."""
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass  # not glibc
+  try:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def nbytes(tree) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(x.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
+
+
+def child(args) -> None:
+  """One variant's step, timed; prints one JSON line."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+
+  from ksjax import model  # pylint: disable=import-outside-toplevel
+  from ksjax.model import lora  # pylint: disable=import-outside-toplevel
+
+  shape = dict(SMOLLM2_135M, num_layers=args.num_layers or SMOLLM2_135M["num_layers"])
+  matmul_dtype = None if args.matmul_dtype == "float32" else args.matmul_dtype
+  cfg = model.LlamaConfig(**shape, matmul_dtype=matmul_dtype)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(0))
+  fields = VARIANTS[args.variant]
+  if fields is None:
+    graphdef, trainable, frozen = nnx.split(llama, nnx.Param, ...)
+  else:
+    spec = lora.LoraSpec(rank=args.rank, alpha=float(args.rank), **fields)
+    adapted = lora.apply(llama, spec, rngs=nnx.Rngs(1))
+    del llama  # the float base, where QLoRA replaced it by the quantized one
+    graphdef, trainable, frozen = lora.split(adapted)
+    del adapted
+  optimizer = optax.adamw(1e-5)
+  opt_state = optimizer.init(trainable)
+
+  rng = np.random.default_rng(0)
+  micro = args.rows // args.micro_batch
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (micro, args.micro_batch, args.columns)),
+                       jnp.int32)
+  mask = jnp.ones(tokens.shape, jnp.int32)
+  weights = jnp.asarray(rng.standard_normal(tokens.shape), jnp.float32)
+
+  def loss(trainable, frozen, tokens, mask, weights):
+    logp = model.token_logprobs(nnx.merge(graphdef, trainable, frozen), tokens, mask)[0]
+    return (weights * logp).sum()
+
+  def step(trainable, frozen, opt_state):
+    def accumulate(grads, batch):
+      g = jax.grad(loss)(trainable, frozen, *batch)
+      return jax.tree.map(jnp.add, grads, g), None
+    grads, _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, trainable),
+                            (tokens, mask, weights))
+    updates, opt_state = optimizer.update(grads, opt_state, trainable)
+    return optax.apply_updates(trainable, updates), opt_state
+
+  program = jax.jit(step, donate_argnums=(0, 2)).lower(trainable, frozen, opt_state).compile()
+  memory = program.memory_analysis()
+  trainable, opt_state = program(trainable, frozen, opt_state)
+  jax.block_until_ready(trainable)
+  setup_peak = peak_rss_gib()
+  reset = reset_peak_rss()
+  best = float("inf")
+  for _ in range(args.repeats):
+    start = time.perf_counter()
+    trainable, opt_state = program(trainable, frozen, opt_state)
+    jax.block_until_ready(trainable)
+    best = min(best, time.perf_counter() - start)
+  print(json.dumps({
+      "variant": args.variant, "seconds": best, "peak_rss_gib": peak_rss_gib(),
+      "setup_peak_rss_gib": setup_peak, "reset": reset,
+      "arguments_mib": memory.argument_size_in_bytes / 2**20,
+      "temporaries_mib": memory.temp_size_in_bytes / 2**20,
+      "trainable_params": sum(x.size for x in jax.tree.leaves(trainable)),
+      "trainable_mib": nbytes(trainable) / 2**20, "frozen_mib": nbytes(frozen) / 2**20,
+      "optimizer_mib": nbytes(opt_state) / 2**20}), flush=True)
+
+
+def _program_mib(result: dict) -> float:
+  return result["arguments_mib"] + result["temporaries_mib"]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--variants", default="full,lora,qlora_int4")
+  parser.add_argument("--rows", type=int, default=32)
+  parser.add_argument("--columns", type=int, default=128)
+  parser.add_argument("--micro_batch", type=int, default=4)
+  parser.add_argument("--rank", type=int, default=16)
+  parser.add_argument("--matmul_dtype", default="bfloat16", choices=("float32", "bfloat16"))
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--num_layers", type=int, default=None,
+                      help="fewer layers than SmolLM2's 30, for a quick check")
+  parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # a child's
+  args = parser.parse_args()
+  if args.variant:
+    child(args)
+    return
+  variants = args.variants.split(",")
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown or args.rows % args.micro_batch:
+    parser.error(f"--variants takes {', '.join(VARIANTS)} (got {unknown}); --rows must be a "
+                 "multiple of --micro_batch")
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from ksjax import allocator, machine  # pylint: disable=import-outside-toplevel
+  print(f"CPU: {machine.describe()}; jax {jax.__version__}; {allocator.allocator_line()}",
+        flush=True)
+  layers = args.num_layers or SMOLLM2_135M["num_layers"]
+  print(f"SmolLM2-135M's shape ({layers} layers), {args.rows} rows x {args.columns} tokens in "
+        f"micro-batches of {args.micro_batch}, matmul operands {args.matmul_dtype}, LoRA rank "
+        f"{args.rank} on q/k/v/o/gate/up/down; fastest of {args.repeats} steps", flush=True)
+  results = []
+  for variant in variants:
+    command = [sys.executable, os.path.abspath(__file__), f"--variant={variant}"] + [
+        a for a in sys.argv[1:] if not a.startswith("--variants")]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    results.append(result)
+    print(f"  {variant:11s} step {result['seconds']:6.2f} s, peak RSS "
+          f"{result['peak_rss_gib']:5.2f} GiB in the steps"
+          + ("" if result["reset"] else " (and the set-up: no /proc/self/clear_refs)")
+          + f", {result['setup_peak_rss_gib']:5.2f} GiB in the set-up and compilation; trains "
+          f"{result['trainable_params'] / 1e6:6.2f} M params, optimizer state "
+          f"{result['optimizer_mib']:6.1f} MiB, frozen {result['frozen_mib']:6.1f} MiB; the "
+          f"compiled step takes {result['arguments_mib']:6.1f} MiB of arguments and "
+          f"{result['temporaries_mib']:6.1f} MiB of temporaries", flush=True)
+  first = results[0]
+  for result in results[1:]:
+    print(f"  {result['variant']} / {first['variant']}: step time "
+          f"{result['seconds'] / first['seconds']:.2f}x, peak RSS "
+          f"{result['peak_rss_gib'] / first['peak_rss_gib']:.2f}x, compiled arguments + "
+          f"temporaries {_program_mib(result) / _program_mib(first):.2f}x, optimizer state "
+          f"{result['optimizer_mib'] / first['optimizer_mib']:.3f}x", flush=True)
+
+
+if __name__ == "__main__":
+  from ksjax import allocator as _allocator  # pylint: disable=wrong-import-position
+  _allocator.reexec_with_allocator("lora_update.py")  # as the entry points do
+  main()
