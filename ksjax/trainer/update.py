@@ -272,8 +272,10 @@ class Updater:
                   dropout_key: jax.Array | None = None):
     """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings (and LoRA's
     dropout drawn from `dropout_key` when there is one)."""
-    llama = nnx.merge(self.graphdef, params) if frozen is None else nnx.merge(
-        self.graphdef, params, frozen)
+    states = (params,) if frozen is None else (params, frozen)
+    # With dropout the merged model's RNG stream is reseeded in this trace: its Variables must be
+    # this trace's own (copy=True), not the frozen state's, which was made outside it.
+    llama = nnx.merge(self.graphdef, *states, copy=dropout_key is not None)
     if dropout_key is not None:
       from ksjax.model import lora  # pylint: disable=import-outside-toplevel
       llama = lora.with_dropout_key(llama, dropout_key)

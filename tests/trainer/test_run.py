@@ -34,8 +34,8 @@ TINY = {
 
 
 def _flags(overrides):
-  return [f"--config.{k}={v!r}" if isinstance(v, str) else f"--config.{k}={v}"
-          for k, v in overrides.items()]
+  # A string as it is: ml_collections takes the text after "=" as a string field's value.
+  return [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
 def _main(workdir, **overrides):
