@@ -12,17 +12,16 @@ allocator keeps what a process frees), one after the other:
               alpha = rank), the base frozen (`ksjax.model.lora`);
   qlora_int8  the same adapters on a base quantized to int8 by qwix;
   qlora_int4  the same adapters on a base quantized to int4 (groups of 64) by qwix.
-The step is what the trainer's update does, without its loss: the gradient of a weighted sum of
-the token log-probs (`model.token_logprobs`) of --rows x --columns random tokens, accumulated
-over micro-batches of --micro_batch rows (`lax.scan`, as `ksjax.trainer.update` does; 4 is what
-the SmolLM2 configs use), then one AdamW update of what trains. The model is randomly initialised
+The step is the trainer's update itself (`ksjax.trainer.update.Updater`, plain policy gradient)
+on --rows x --columns random tokens, every row weighted, accumulated over micro-batches of
+--micro_batch rows (4 is what the SmolLM2 configs use), then one AdamW update of what trains. The model is randomly initialised
 with SmolLM2-135M's shape (30 layers, width 576, tied 49152-token head; --num_layers fewer for a
 quick check), weights float32, matmul operands --matmul_dtype as the SmolLM2 configs set it.
 
 Each child prints its step's fastest wall time over --repeats (after a warm-up step that
 compiles), its peak resident memory during those steps and, apart, during the set-up (building,
-quantizing, compiling: `reset_peak_rss` says why apart), and the bytes of what trains, of the
-optimizer's state and of the frozen base (an int4 array counts a byte per value here, as jax's
+quantizing, compiling: `allocator.reset_peak_resident` says why apart), and the bytes of what
+trains, of the optimizer's state and of the frozen base (an int4 array counts a byte per value here, as jax's
 `nbytes` does), and what XLA's compiled step says it takes (`Compiled.memory_analysis`: its
 arguments, the state and the batch, and its temporaries, the activations, gradients and dequantized
 weights; as the memory plan, `ksjax.trainer.memory_plan`, counts). The resident memory counts
@@ -34,11 +33,9 @@ On a shared machine the times are noisy: compare the ratios, which are of the sa
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -58,38 +55,6 @@ VARIANTS = {  # name -> lora.LoraSpec fields (None: full fine-tuning)
 }
 
 
-def peak_rss_gib() -> float:
-  """This process's peak resident memory since it started or since `reset_peak_rss`, GiB
-  (Linux's VmHWM; ru_maxrss, which cannot be reset, where /proc is not there)."""
-  try:
-    with open("/proc/self/status", encoding="ascii") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 2**20  # kB
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def reset_peak_rss() -> bool:
-  """Starts `peak_rss_gib` again from the memory resident now (Linux: writing 5 to
-  /proc/self/clear_refs resets VmHWM), after handing what the allocator keeps of freed memory
-  back to the system (glibc's malloc_trim). Why: building the model and quantizing it (a float
-  base and its quantized copy at once) and compiling peak above what a step holds, and what a run
-  pays for each step is the step's peak."""
-  gc.collect()
-  try:
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-  except (OSError, AttributeError):
-    pass  # not glibc
-  try:
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
-
-
 def nbytes(tree) -> int:
   import jax  # pylint: disable=import-outside-toplevel
   return sum(x.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
@@ -98,13 +63,15 @@ def nbytes(tree) -> int:
 def child(args) -> None:
   """One variant's step, timed; prints one JSON line."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
 
-  from ksjax import model  # pylint: disable=import-outside-toplevel
+  from ksjax import allocator, model  # pylint: disable=import-outside-toplevel
   from ksjax.model import lora  # pylint: disable=import-outside-toplevel
+  from ksjax.run.spec import LossSpec  # pylint: disable=import-outside-toplevel
+  from ksjax.trainer import update  # pylint: disable=import-outside-toplevel
+  from ksjax.trainer.batch import MicroBatch  # pylint: disable=import-outside-toplevel
 
   shape = dict(SMOLLM2_135M, num_layers=args.num_layers or SMOLLM2_135M["num_layers"])
   matmul_dtype = None if args.matmul_dtype == "float32" else args.matmul_dtype
@@ -119,49 +86,48 @@ def child(args) -> None:
     del llama  # the float base, where QLoRA replaced it by the quantized one
     graphdef, trainable, frozen = lora.split(adapted)
     del adapted
-  optimizer = optax.adamw(1e-5)
-  opt_state = optimizer.init(trainable)
+  # The trainer's own update (`ksjax.trainer.update.Updater`): plain policy gradient with every
+  # row's weight non-zero (a dense step), micro-batches of --micro_batch rows, AdamW at 1e-5 on
+  # what trains; under LoRA the frozen base is the program's argument, as in a run.
+  loss_spec = LossSpec(algorithm="pg", loss_aggregation="token_sum", loss_constant=1.0,
+                       micro_batch_size=args.micro_batch, sparse_updates=False)
+  mesh = model.make_mesh((1, 1, 1))
+  frozen_mib = 0.0 if fields is None else nbytes(frozen) / 2**20
+  updater = update.Updater(graphdef, optax.adamw(1e-5), loss_spec, mesh,
+                           frozen=None if fields is None else frozen)
+  if fields is None:
+    trainable = nnx.merge_state(trainable, frozen)  # every parameter trains
+  state = updater.init_state(trainable, jax.random.key(0))
+  del trainable, frozen
 
   rng = np.random.default_rng(0)
-  micro = args.rows // args.micro_batch
-  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (micro, args.micro_batch, args.columns)),
-                       jnp.int32)
-  mask = jnp.ones(tokens.shape, jnp.int32)
-  weights = jnp.asarray(rng.standard_normal(tokens.shape), jnp.float32)
-
-  def loss(trainable, frozen, tokens, mask, weights):
-    logp = model.token_logprobs(nnx.merge(graphdef, trainable, frozen), tokens, mask)[0]
-    return (weights * logp).sum()
-
-  def step(trainable, frozen, opt_state):
-    def accumulate(grads, batch):
-      g = jax.grad(loss)(trainable, frozen, *batch)
-      return jax.tree.map(jnp.add, grads, g), None
-    grads, _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, trainable),
-                            (tokens, mask, weights))
-    updates, opt_state = optimizer.update(grads, opt_state, trainable)
-    return optax.apply_updates(trainable, updates), opt_state
-
-  program = jax.jit(step, donate_argnums=(0, 2)).lower(trainable, frozen, opt_state).compile()
-  memory = program.memory_analysis()
-  trainable, opt_state = program(trainable, frozen, opt_state)
-  jax.block_until_ready(trainable)
-  setup_peak = peak_rss_gib()
-  reset = reset_peak_rss()
+  shape = (args.rows, args.columns)
+  rows = MicroBatch(tokens=rng.integers(0, cfg.vocab_size, shape).astype(np.int32),
+                    attention_mask=np.ones(shape, bool),
+                    token_weight=(rng.random(shape) / args.rows).astype(np.float32),
+                    behaviour_logp=np.zeros(shape, np.float32),
+                    advantage=rng.standard_normal(args.rows).astype(np.float32))
+  batch = updater.place(rows.split(args.micro_batch))
+  memory = updater.step_program(state, batch, 1).lower(state, batch).compile().memory_analysis()
+  state, _ = updater.step(state, batch, 1)  # compiles
+  jax.block_until_ready(state.params)
+  gc.collect()
+  setup_peak = allocator.peak_resident_gib()
+  reset = allocator.reset_peak_resident()
   best = float("inf")
   for _ in range(args.repeats):
     start = time.perf_counter()
-    trainable, opt_state = program(trainable, frozen, opt_state)
-    jax.block_until_ready(trainable)
+    state, _ = updater.step(state, batch, 1)
+    jax.block_until_ready(state.params)
     best = min(best, time.perf_counter() - start)
   print(json.dumps({
-      "variant": args.variant, "seconds": best, "peak_rss_gib": peak_rss_gib(),
+      "variant": args.variant, "seconds": best, "peak_rss_gib": allocator.peak_resident_gib(),
       "setup_peak_rss_gib": setup_peak, "reset": reset,
       "arguments_mib": memory.argument_size_in_bytes / 2**20,
       "temporaries_mib": memory.temp_size_in_bytes / 2**20,
-      "trainable_params": sum(x.size for x in jax.tree.leaves(trainable)),
-      "trainable_mib": nbytes(trainable) / 2**20, "frozen_mib": nbytes(frozen) / 2**20,
-      "optimizer_mib": nbytes(opt_state) / 2**20}), flush=True)
+      "trainable_params": sum(x.size for x in jax.tree.leaves(state.params)),
+      "trainable_mib": nbytes(state.params) / 2**20, "frozen_mib": frozen_mib,
+      "optimizer_mib": nbytes(state.opt_state) / 2**20}), flush=True)
 
 
 def _program_mib(result: dict) -> float:

@@ -184,11 +184,33 @@ def allocator_line(environ: dict[str, str] | None = None) -> str:
 
 
 def peak_resident_gib() -> float:
-  """This process's peak resident memory so far, in GiB: what the machine had to hold for it,
-  the pages its allocator kept after a free included (the figure that decides whether two runs
-  fit one machine; `benchmarks/peak_memory.py` splits it by allocator setting)."""
+  """This process's peak resident memory so far (or since `reset_peak_resident`), in GiB: what
+  the machine had to hold for it, the pages its allocator kept after a free included (the figure
+  that decides whether two runs fit one machine; `benchmarks/peak_memory.py` splits it by
+  allocator setting). Linux's VmHWM, which can be reset; elsewhere ru_maxrss."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 2**20  # kB
+  except OSError:
+    pass
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
   return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def reset_peak_resident() -> bool:
+  """Starts `peak_resident_gib` again from the memory resident now, after handing the freed
+  pages the allocator keeps back to the system (`release_free_memory`); returns whether the
+  system can reset it (Linux: writing 5 to /proc/self/clear_refs resets VmHWM). For benchmarks
+  that measure a step's peak apart from the set-up's (building, quantizing, compiling)."""
+  release_free_memory()
+  try:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
 
 
 def release_free_memory() -> bool:

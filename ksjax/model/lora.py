@@ -100,8 +100,10 @@ def quantize_weight(w: jax.Array, name: str, quantize_base: str) -> qwix.QArray:
 
 def apply(llama: Llama, spec: LoraSpec, *, rngs: nnx.Rngs) -> Llama:
   """`llama` with adapters on `spec.weights` of every decoder layer, its base quantized when
-  `spec.quantize_base` says so; `llama` itself is left as it was (the result shares its
-  unquantized arrays; under QLoRA, drop `llama` to free the float base). A model on a mesh gets
+  `spec.quantize_base` says so; `llama` itself is left as it was. The result shares the arrays it
+  keeps as they are; its frozen weights are new ones under QLoRA, and with a `matmul_dtype`
+  narrower than the parameters (stored in it: the products read nothing else), so drop `llama`
+  to free the float base. A model on a mesh gets
   its new parameters placed by `sharding.partition_spec`. Returns `llama` when LoRA is off.
   Change how the base computes (`model.with_config`: matmul_dtype, remat) before, not after.
 
@@ -123,6 +125,7 @@ def apply(llama: Llama, spec: LoraSpec, *, rngs: nnx.Rngs) -> Llama:
   dtype = jnp.float32
   # A stream of its own name, which `with_dropout_key` reseeds inside a jitted update.
   dropout_rngs = nnx.Rngs(**{DROPOUT_STREAM: rngs.params()}) if spec.dropout else None
+  operand = jnp.dtype(llama.cfg.operand_dtype)
   for module, names in _projections(adapted):
     for name in names:
       w = module.weight(name)
@@ -135,6 +138,11 @@ def apply(llama: Llama, spec: LoraSpec, *, rngs: nnx.Rngs) -> Llama:
       if spec.quantize_base != "none":
         setattr(module, name, jax.tree.map(nnx.Param,
                                            quantize_weight(w, name, spec.quantize_base)))
+      elif operand != w.dtype:
+        # A frozen weight is only ever read as a matmul operand, cast to `matmul_dtype` by every
+        # product (`layers.project`, `layers.swiglu`): stored so, it computes the same bits with
+        # half of float32's bytes, and no program holds a cast copy of it.
+        setattr(module, name, nnx.Param(w.astype(operand)))
     if any(name in spec.weights for name in names):
       module.lora_scale = spec.scale
       if spec.dropout:
@@ -191,7 +199,7 @@ def with_dropout_key(llama: Llama, key: jax.Array) -> Llama:
 
 def merged_weight(module: Projections, name: str) -> jax.Array:
   """W + (alpha / r) A B of one weight (its dequantized value where it is quantized), in the
-  parameters' dtype, the product formed in float32 at full precision."""
+  dtype the weight is stored in, the product formed in float32 at full precision."""
   w = module.weight(name)
   if not module.adapted(name):
     return w
@@ -215,7 +223,7 @@ def merge(llama: Llama) -> Llama:
       value = merged_weight(getattr(llama.layers[path[1]], path[2]), path[-1])
     else:
       value = source[path][...]
-    flat[path] = variable.replace(value)
+    flat[path] = variable.replace(value.astype(variable.dtype))  # the config's parameter dtype
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

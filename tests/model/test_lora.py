@@ -118,7 +118,8 @@ def test_spec_from_config_and_off_by_default():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("targets, matmul_dtype", [("all", None), ("all", "bfloat16"),
-                                                   ("attention", None), ("mlp", "bfloat16")])
+                                                   ("attention", None), ("attention", "bfloat16"),
+                                                   ("mlp", "bfloat16")])
 def test_adapters_at_initialisation_compute_the_base_bitwise(targets, matmul_dtype):
   """Bit for bit on XLA's CPU backend, where the suite runs. Not checked on a GPU, where XLA may
   fuse the adapter's addition into the frozen product's GEMM and autotune that GEMM apart from
@@ -128,6 +129,10 @@ def test_adapters_at_initialisation_compute_the_base_bitwise(targets, matmul_dty
   adapted = lora.apply(base, lora.LoraSpec(rank=4, alpha=8.0, targets=targets), rngs=nnx.Rngs(1))
   names = {str(p[-1]) for p, _ in nnx.to_flat_state(nnx.state(adapted, nnx.LoRAParam))}
   assert names == {f"{w}_{ab}" for w in lora.TARGETS[targets] for ab in ("lora_a", "lora_b")}
+  # Every frozen weight matrix is stored as its products read it: in the matmul operand dtype.
+  stored = {v.dtype for p, v in nnx.to_flat_state(nnx.state(adapted, nnx.Param))
+            if p[-1] in lora.TARGETS["all"]}
+  assert stored == {np.dtype(base.cfg.operand_dtype)}
   np.testing.assert_array_equal(forward(adapted, TOKENS, MASK), forward(base, TOKENS, MASK))
   np.testing.assert_array_equal(logprobs(adapted, TOKENS, MASK), logprobs(base, TOKENS, MASK))
 
