@@ -8,7 +8,9 @@ mesh: by default the default CPU run's config (`ksjax.run.config.embedded_task_c
 CPU config in configs/ starts from); after the colon, the name of another config file in this
 directory. Its fields can be set like any other (`--config.run.model.dtype=bfloat16`,
 `--config.run.mesh=1,1,8`). The evaluation's own settings are the top-level fields, declared in
-`ksjax.evaluation.settings.EvalSpec`.
+`ksjax.evaluation.settings.EvalSpec`. A LoRA run's checkpoints hold its adapters alone: give
+config.run.lora as the run had it (`--config.run.lora.rank=8`), and config.run's starting model
+and seed build the base they are evaluated on (its sha256 checked against the checkpoints').
 
 Large-k diagnostics, e.g. pass@k and maj@k for k = 1, 2, 4, ..., 256 on the first 50 problems:
   --config.num_prompts=50 --config.num_samples=256   (ks default to that ladder; with a large

@@ -6,9 +6,9 @@ Evaluates a training run's checkpoints (one step, the latest, all, or each of th
 their average; or, with --config.watch=True, each new one as it lands) in a process of its own,
 possibly on another machine than the trainer. Every field: configs/eval.py. Bad input (a config
 field, a missing directory, a directory without checkpoints, a checkpoint of another model shape,
-k larger than the samples per problem, a checkpoint that fails its checksums) prints one line
-naming what was wrong and what is accepted, exits with status 2, and writes nothing
-(`ksjax.errors`).
+k larger than the samples per problem, a checkpoint that fails its checksums, a LoRA checkpoint
+recording another base than config.run's) prints one line naming what was wrong and what is
+accepted, exits with status 2, and writes nothing (`ksjax.errors`).
 """
 
 from __future__ import annotations

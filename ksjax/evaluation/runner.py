@@ -20,6 +20,12 @@ settings.py lowers batch_prompts to fit config.batch_rows.
 Across hosts (`ksjax.distributed`): every process runs the binary with the same config, the
 mesh spans all of them, each scores its share of the problems, and process 0 writes the files.
 
+A LoRA run (config.run.lora.rank >= 1) saves its adapters alone (`ksjax.model.lora`): the base
+is built once, as the trainer built it (config.run's starting model and seed, on the evaluation
+mesh, then adapted), each checkpoint must record that base's sha256 in its config item, and each
+step's adapters are restored and merged with the one frozen base; the run's start/ (adapters too)
+is read onto the same base for config.include_start and config.kl_reference="start".
+
 With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
 it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
 (keep_checkpoints), so one that disappears before it is read is skipped with a warning, as is one
@@ -37,16 +43,18 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
-from ksjax import distributed, machine, model
+from ksjax import distributed, errors, machine, model
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
+from ksjax.model import lora
 from ksjax.run import checkpoints, policy, scoring
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory, locate
-from ksjax.run.spec import TrainSpec
+from ksjax.run.spec import LoraSpec, TrainSpec
 from ksjax.tasks.base import Prompt, Task
 
 
@@ -68,9 +76,68 @@ def policy_config(run: TrainSpec, vocab_size: int) -> model.LlamaConfig:
     raise ConfigError(str(e).replace("config.", "config.run.", 1)) from None
 
 
-def _describe(cfg: model.LlamaConfig) -> str:
-  return (f"the model of config.run ({cfg.num_layers} layers, width {cfg.hidden_size}, "
-          f"vocabulary {cfg.vocab_size})")
+def _describe(cfg: model.LlamaConfig, base: LoraBase | None = None) -> str:
+  adapters = ("" if base is None else
+              f"the rank-{base.spec.rank} LoRA adapters ({base.spec.targets}) of ")
+  return (f"{adapters}the model of config.run ({cfg.num_layers} layers, width "
+          f"{cfg.hidden_size}, vocabulary {cfg.vocab_size})")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraBase:
+  """A LoRA run's frozen base on the evaluation mesh, adapted as the trainer adapted it
+  (`policy.adapt`: the adapters as initialised, QLoRA's base quantized), and what the run's
+  checkpoints must record of it (`policy.base_record`). Built once: every checkpoint's adapters,
+  and the start's, are merged with its arrays, never with a copy."""
+  adapted: model.Llama
+  record: dict[str, str]
+  spec: LoraSpec
+
+  def frozen(self) -> Any:
+    return lora.split(self.adapted)[2]
+
+  def with_adapters(self, path: str, what: str) -> model.Llama:
+    """A model on this base holding the adapters of the adapter checkpoint at `path` (`what`
+    names it in errors); CheckpointInputError, one line, for adapters of another base or other
+    LoRA settings, or unreadable ones."""
+    try:
+      spec, record = lora.read_metadata(path)
+    except model.CheckpointError as e:
+      raise checkpoints.CheckpointInputError(f"{what}: {errors.one_line(e)}") from None
+    policy.check_base(record, self.record, what, base_is="config.run's base",
+                      error=checkpoints.CheckpointInputError)
+    # Dropout does not change what the model computes outside training.
+    differ = [f.name for f in dataclasses.fields(LoraSpec) if f.name != "dropout"
+              and getattr(spec, f.name) != getattr(self.spec, f.name)]
+    if differ:
+      raise checkpoints.CheckpointInputError(
+          f"{what} holds adapters with LoRA settings "
+          f"{', '.join(f'{n}={getattr(spec, n)!r}' for n in differ)}; expected config.run.lora's "
+          f"({', '.join(f'{n}={getattr(self.spec, n)!r}' for n in differ)}), as the run had")
+    graphdef, trainable, frozen = lora.split(self.adapted)
+    # New variables over the initial values (tree.map makes new ones; merge would share them
+    # with `adapted`), so that reading the adapters in changes this model alone.
+    llama = nnx.merge(graphdef, jax.tree.map(lambda x: x, trainable), frozen)
+    try:
+      lora.restore(path, llama)
+    except model.CheckpointError as e:
+      raise checkpoints.CheckpointInputError(f"{what}: {errors.one_line(e)}") from None
+    return llama
+
+
+def lora_base(s: Settings, vocab_size: int, mesh: jax.sharding.Mesh) -> LoraBase | None:
+  """The frozen base of a LoRA run (config.run.lora.rank >= 1), built as the trainer builds it
+  (`policy.build_model` from config.run's model and seed, on the evaluation mesh), its record
+  taken before adapting, as the trainer takes it; None without LoRA."""
+  if not s.run.lora.enabled:
+    return None
+  # (config.run's model fields were checked by `policy_config` already; a weight file that
+  # cannot be read is a model.CheckpointError naming it, an input error.)
+  llama = policy.build_model(s.run.model, vocab_size, mesh, value_head=s.run.loss.value_head,
+                             seed=s.run.run.seed)
+  record = policy.base_record(s.run.model, llama)
+  # QLoRA: the float base is dropped with `llama` here, as in the trainer.
+  return LoraBase(policy.adapt(llama, s.run.lora, s.run.run.seed), record, s.run.lora)
 
 
 @dataclasses.dataclass
@@ -85,15 +152,24 @@ class Evaluator:
   output_dir: str
   # `fn(tokens_rt, mask_rt) -> logp_rt` of config.kl_reference (None: no KL).
   reference_logprobs: Callable[[Any, Any], jax.Array] | None = None
+  # Under LoRA (config.run.lora), the run's frozen base with its adapters (`lora_base`).
+  base: LoraBase | None = None
 
   def __post_init__(self):
-    self.graphdef, self.target = checkpoints.abstract_policy(self.cfg, self.mesh)
+    self.graphdef, self.target = checkpoints.abstract_policy(
+        self.cfg, self.mesh, None if self.base is None else self.base.adapted)
+    self.frozen = None if self.base is None else self.base.frozen()
     self.records: dict[int, dict] = {
         r["step"]: r for r in results.load_records(self.output_dir, self.settings.sampling())}
     self.sampled = 0  # checkpoints sampled by this process (the first one compiles)
 
   def check(self, step: int) -> None:
-    checkpoints.check_shapes(self.run, step, self.target, _describe(self.cfg))
+    checkpoints.check_shapes(self.run, step, self.target, _describe(self.cfg, self.base),
+                             None if self.base is None else self.base.record)
+
+  def restore(self, step: int) -> model.Llama:
+    """The policy of checkpoint `step` (`check` it first), on the evaluation mesh."""
+    return checkpoints.restore_policy(self.run, step, self.graphdef, self.target, self.frozen)
 
   def evaluate(self, step: int) -> dict[str, Any]:
     """The record of `step`: read back if evaluated before with these settings, else sampled,
@@ -108,7 +184,7 @@ class Evaluator:
         self.save_summaries()
       return self.records[step]
     started = time.perf_counter()
-    restored = checkpoints.restore_policy(self.run, step, self.graphdef, self.target)
+    restored = self.restore(step)
     restore_seconds = time.perf_counter() - started
     return self.evaluate_policy(step, restored, self.run.step_dir(step),
                                 restore_seconds=restore_seconds)
@@ -200,15 +276,18 @@ def open_evaluator(s: Settings, run_dir: RunDirectory, task: Task,
   mesh = model.make_mesh(s.run.run.mesh)
   cfg = policy_config(s.run, task.tokenizer.vocab_size)
   output_dir = output_dir or s.output_dir or run_dir.eval_dir(s.output_name())
+  base = lora_base(s, task.tokenizer.vocab_size, mesh)
   return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir,
-                   reference_logprobs=reference_logprobs(s, run_dir, cfg, mesh))
+                   reference_logprobs=reference_logprobs(s, run_dir, cfg, mesh, base), base=base)
 
 
 def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfig,
-                       mesh: jax.sharding.Mesh) -> Callable[[Any, Any], jax.Array] | None:
+                       mesh: jax.sharding.Mesh, base: LoraBase | None = None
+                       ) -> Callable[[Any, Any], jax.Array] | None:
   """The jitted log-prob function of config.kl_reference, computing as the policy does (its
   matmul_dtype), or None when no KL is asked for. A reference that is missing, unreadable or of
-  another shape than the run's model is a CheckpointInputError (nothing written yet)."""
+  another shape than the run's model is a CheckpointInputError (nothing written yet). Under LoRA
+  an adapter checkpoint (the run's start/) is read onto the run's base (`load_policy`)."""
   if s.kl_reference is None:
     return None
   if jax.process_count() > 1:
@@ -217,15 +296,19 @@ def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfi
   path = run_dir.start_dir if s.kl_reference == "start" else s.kl_reference
   what = (f"config.kl_reference={s.kl_reference!r}"
           + (f" (the run's start policy, {path})" if s.kl_reference == "start" else ""))
-  reference = load_policy(path, what, cfg, mesh)
+  reference = load_policy(path, what, cfg, mesh, base)
   return model.sharded_token_logprobs(reference, mesh)
 
 
-def load_policy(path: str, what: str, cfg: model.LlamaConfig,
-                mesh: jax.sharding.Mesh) -> model.Llama:
+def load_policy(path: str, what: str, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
+                base: LoraBase | None = None) -> model.Llama:
   """The ksjax.model checkpoint at `path` (`what` names it in errors) on `mesh`, computing as the
   run's policy does (cfg's matmul_dtype). Missing, unreadable or of another shape than `cfg`:
-  a CheckpointInputError."""
+  a CheckpointInputError. Under LoRA (`base`), an adapter checkpoint (a LoRA run's start/ and
+  final/, `lora.save`) gives its adapters on `base`, whose sha256 it must record; a whole model
+  is read as without LoRA."""
+  if base is not None and lora.is_adapter_checkpoint(path):
+    return base.with_adapters(path, what)
   if not os.path.isdir(path):
     raise checkpoints.CheckpointInputError(
         f"{what} is not a directory; expected a ksjax.model checkpoint directory (a run's "
@@ -271,7 +354,7 @@ def run(config: Any) -> None:
     for step in selected:  # every selected checkpoint fits before anything is written
       evaluator.check(step)
     start = (load_policy(run_dir.start_dir, f"config.include_start: the run's start policy "
-                         f"{run_dir.start_dir!r}", evaluator.cfg, evaluator.mesh)
+                         f"{run_dir.start_dir!r}", evaluator.cfg, evaluator.mesh, evaluator.base)
              if s.include_start else None)
     if distributed.is_writer():
       os.makedirs(evaluator.output_dir, exist_ok=True)

@@ -282,15 +282,33 @@ def save(path: str, llama: Llama, spec: LoraSpec, base: Mapping[str, str]) -> No
   checkpointer.wait_until_finished()
 
 
+def _adapter_metadata(path: str) -> object:
+  """What the Orbax checkpoint at `path` records under META_KEY (None: nothing); CheckpointError,
+  one line, for a directory Orbax cannot read."""
+  metadata = checkpoint._read(  # pylint: disable=protected-access
+      path, lambda: ocp.StandardCheckpointer().metadata(os.path.abspath(path)), EXPECTED)
+  custom = metadata.custom_metadata
+  return custom.get(META_KEY) if isinstance(custom, Mapping) else None
+
+
+def is_adapter_checkpoint(path: str) -> bool:
+  """Whether `path` is an adapter checkpoint (`save`) rather than a whole model's: its metadata
+  has the adapters' record. False for anything else, readable or not, so that a caller's reader
+  of whole models reports what is wrong with it."""
+  if not os.path.isdir(path):
+    return False
+  try:
+    return _adapter_metadata(path) is not None
+  except checkpoint.CheckpointError:
+    return False
+
+
 def read_metadata(path: str) -> tuple[LoraSpec, dict[str, str]]:
   """(spec, base record) of the adapter checkpoint at `path`; CheckpointError, one line, for a
   directory that is not one."""
   if not os.path.isdir(path):
     raise checkpoint.CheckpointError(f"adapter checkpoint {path!r} does not exist; {EXPECTED}")
-  metadata = checkpoint._read(  # pylint: disable=protected-access
-      path, lambda: ocp.StandardCheckpointer().metadata(os.path.abspath(path)), EXPECTED)
-  custom = metadata.custom_metadata
-  meta = custom.get(META_KEY) if isinstance(custom, Mapping) else None
+  meta = _adapter_metadata(path)
   base = meta.get("base") if isinstance(meta, Mapping) else None
   if not isinstance(base, Mapping) or not {"path", "name", "sha256", "dtype"} <= set(base):
     raise checkpoint.CheckpointError(f"{path!r} has no adapter metadata; {EXPECTED}")
@@ -359,4 +377,4 @@ def restore(path: str, llama: Llama) -> None:
 __all__ = ["LoraSpec", "TARGETS", "QUANTIZE", "INT4_GROUP", "rule", "apply",
            "is_adapted", "quantize_weight", "trainable_filter", "split", "adapters_off",
            "training", "merged_weight", "merge", "base_sha256", "base_record", "save",
-           "read_metadata", "load_base", "load", "restore"]
+           "is_adapter_checkpoint", "read_metadata", "load_base", "load", "restore"]

@@ -27,6 +27,11 @@ unreadable step; the eval binary checks it before reading any step (`check_shape
 without a manifest (saved before ksjax wrote them, or the process died between Orbax's rename and
 the manifest) is restored unverified, with a note.
 
+Under LoRA the state's parameters are what trains alone (the adapters, and PPO's value head) and
+the config item records the frozen base (`LORA_BASE_KEY`: its name and sha256); a reader builds
+the base itself and checks the record (`check_shapes` with `lora_base`, `restore_policy` with
+`frozen`).
+
 Reading without touching (`steps`, `check_shapes`, `restore_policy`): evaluation needs only the
 parameters, so it restores `state.params` alone (Orbax's partial restore), each array straight
 onto its sharding on the evaluation mesh: the optimizer state, twice the parameters' size under
@@ -58,9 +63,10 @@ from flax import nnx
 
 from ksjax import errors, files, model
 from ksjax.model import checkpoint as model_checkpoint
-from ksjax.model import sharding
-from ksjax.run.directory import (CHECKPOINT_ITEMS, CONFIG_ITEM, DATA_ITEM, PARAMS_FIELD,
-                                 STATE_ITEM, RunDirectory)
+from ksjax.model import lora, sharding
+from ksjax.run import policy
+from ksjax.run.directory import (CHECKPOINT_ITEMS, CONFIG_ITEM, DATA_ITEM, LORA_BASE_KEY,
+                                 PARAMS_FIELD, STATE_ITEM, RunDirectory)
 
 
 class CheckpointError(RuntimeError):
@@ -332,11 +338,18 @@ def steps(run: RunDirectory) -> list[int]:
   return sorted(ocp.utils.checkpoint_steps(run.steps_dir))
 
 
-def abstract_policy(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef,
-                                                                             nnx.State]:
-  """The policy's graph and its parameters as ShapeDtypeStructs carrying their mesh shardings."""
+def abstract_policy(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
+                    adapted: model.Llama | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+  """The policy's graph and what a step checkpoint holds of it (its `PARAMS_FIELD`), as
+  ShapeDtypeStructs carrying their mesh shardings: every parameter; or under LoRA, given
+  `adapted` (the run's base on `mesh` with its adapters, `ksjax.run.policy.adapt`), what the
+  trainer trains and saves alone (`lora.trainable_filter`: the adapters, and PPO's value head).
+  The frozen rest is `lora.split(adapted)[2]`, for `restore_policy`."""
   sharding.check_divisible(cfg, mesh)
-  graphdef, state = nnx.split(model_checkpoint.abstract_model(cfg))
+  if adapted is None:
+    graphdef, state = nnx.split(model_checkpoint.abstract_model(cfg))
+  else:
+    graphdef, state, _ = lora.split(adapted)
   shardings = sharding.state_shardings(state, mesh)
   target = jax.tree.map(
       lambda variable, s: variable.replace(
@@ -357,17 +370,28 @@ def _shapes(tree) -> dict[str, tuple[int, ...]]:
   return out
 
 
-def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str) -> None:
-  """One clear error for the first parameter that the checkpoint lacks, has in another shape,
-  or has in excess of the model `what` describes."""
-  path = run.state_dir(step)
+def _verify_item(run: RunDirectory, step: int, item: str) -> None:
+  """The checksums of one item of step `step`: a ChecksumError saying what to do if it fails."""
   try:
-    # The state item only: that is all evaluation reads.
-    verify_manifest(run.step_dir(step), prefix=STATE_ITEM + os.sep)
+    verify_manifest(run.step_dir(step), prefix=item + os.sep)
   except ChecksumError as e:
     raise ChecksumError(f"checkpoint step {step} in {run.steps_dir} fails its checksums ({e}); "
                         "expected an intact checkpoint (it was damaged after it was written: "
                         "evaluate another step)") from None
+
+
+def _is_adapter(name: str) -> bool:
+  return name.endswith(("_lora_a", "_lora_b"))
+
+
+def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str,
+                 lora_base: Mapping[str, str] | None = None) -> None:
+  """One clear error for the first parameter that the checkpoint lacks, has in another shape,
+  or has in excess of the model `what` describes. Under LoRA (`target` the adapters,
+  `lora_base` the record of the base they are evaluated on, `ksjax.run.policy.base_record`),
+  also one for a checkpoint whose config records another base."""
+  path = run.state_dir(step)
+  _verify_item(run, step, STATE_ITEM)  # the state item only: that is all evaluation reads
   try:
     with errors.quiet_if_it_fails():  # Orbax's log lines: the error below says it
       stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
@@ -382,22 +406,51 @@ def check_shapes(run: RunDirectory, step: int, target: nnx.State, what: str) -> 
   have = _shapes(dict(stored[PARAMS_FIELD]))
   want = _shapes(target)
   where = f"checkpoint step {step} in {run.steps_dir}"
+  # A LoRA run's checkpoint read as a full fine-tuning run's, or the reverse, fails on its first
+  # parameter below; this says which setting to change.
+  kind = ""
+  if any(map(_is_adapter, have)) != any(map(_is_adapter, want)):
+    kind = (" (it holds LoRA adapters: set config.run.lora as the run did)"
+            if any(map(_is_adapter, have)) else
+            " (it holds a whole model, from a run without LoRA: config.run.lora.rank=0)")
   for name, shape in want.items():
     if name not in have:
-      raise CheckpointInputError(f"{where} lacks parameter {name!r} of {what}; expected a "
+      raise CheckpointInputError(f"{where} lacks parameter {name!r} of {what}{kind}; expected a "
                                  "checkpoint of that model (evaluate with the run's config)")
     if have[name] != shape:
       raise CheckpointInputError(f"{where} has parameter {name!r} of shape {have[name]}; {what} "
                                  f"implies {shape} (evaluate with the run's config)")
   extra = sorted(set(have) - set(want))
   if extra:
-    raise CheckpointInputError(f"{where} has parameter {extra[0]!r}, which {what} lacks "
+    raise CheckpointInputError(f"{where} has parameter {extra[0]!r}, which {what} lacks{kind} "
                                "(evaluate with the run's config)")
+  if lora_base is not None:
+    _check_base(run, step, lora_base)
 
 
-def restore_policy(run: RunDirectory, step: int, graphdef: nnx.GraphDef,
-                   target: nnx.State) -> model.Llama:
-  """The policy at `step`, its parameters restored onto the shardings `target` carries."""
+def _check_base(run: RunDirectory, step: int, base: Mapping[str, str]) -> None:
+  """CheckpointInputError unless step `step`'s config item records `base` (`LORA_BASE_KEY`): its
+  adapters were trained on other weights, and on these compute nonsense."""
+  _verify_item(run, step, CONFIG_ITEM)  # a damaged record is a damaged checkpoint, not a base
+  path = os.path.join(run.step_dir(step), CONFIG_ITEM)
+  try:
+    with errors.quiet_if_it_fails():
+      config = ocp.JsonCheckpointHandler().restore(epath.Path(path))
+  except (FileNotFoundError, ValueError, OSError) as e:
+    raise CheckpointInputError(f"checkpoint {path!r} cannot be read ({type(e).__name__}: "
+                               f"{errors.one_line(e)[:200]}); expected a ksjax trainer "
+                               "checkpoint's config item") from None
+  recorded = config.get(LORA_BASE_KEY) if isinstance(config, Mapping) else None
+  # The checkpoint is the input at fault, as for its shapes.
+  policy.check_base(recorded, dict(base), f"checkpoint step {step} in {run.steps_dir}",
+                    base_is="config.run's base", error=CheckpointInputError)
+
+
+def restore_policy(run: RunDirectory, step: int, graphdef: nnx.GraphDef, target: nnx.State,
+                   frozen: nnx.State | None = None) -> model.Llama:
+  """The policy at `step`, its parameters restored onto the shardings `target` carries; under
+  LoRA (`abstract_policy` with `adapted`), the adapters alone, merged with the `frozen` base
+  (shared, not copied: every step's policy uses the same base arrays)."""
   item = {PARAMS_FIELD: target}
   # The item's handler itself, not a Checkpointer: the trainer's step-level metadata sits one
   # directory up, and a Checkpointer would warn that the item directory lacks it.
@@ -406,4 +459,6 @@ def restore_policy(run: RunDirectory, step: int, graphdef: nnx.GraphDef,
       args=ocp.args.PyTreeRestore(item=item,
                                   restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                                   partial_restore=True))
-  return nnx.merge(graphdef, restored[PARAMS_FIELD])
+  if frozen is None:
+    return nnx.merge(graphdef, restored[PARAMS_FIELD])
+  return nnx.merge(graphdef, restored[PARAMS_FIELD], frozen)

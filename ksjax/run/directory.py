@@ -3,18 +3,20 @@
   <workdir>/
     config.json          the trainer config the run started with
     tokenizer/           the task's tokenizer (tokenizer.json)
-    start/               the start policy (after the warm-up), a ksjax.model checkpoint: the
-                         frozen reference of the KL metrics and penalty
+    start/               the start policy (after the warm-up), a ksjax.model checkpoint (under
+                         LoRA, its adapters alone: `ksjax.model.lora.save`): the frozen
+                         reference of the KL metrics and penalty
     checkpoints/<step>/  Orbax step directories with the items
-                           state   the TrainState (params, opt_state, step, skipped, rng)
+                           state   the TrainState (params, opt_state, step, skipped, rng);
+                                   under LoRA, params holds what trains (the adapters)
                            data    the data iterator's position (one file per process)
-                           config  the config as JSON
+                           config  the config as JSON (under LoRA, with the base's record)
     metrics.jsonl        one line of scalars per logged step
     tensorboard/         the same scalars as TensorBoard events
     eval_start.json      the held-out evaluation of the start policy ...
     eval_end.json        ... and of the final one,
     eval_table.txt       the two side by side
-    final/               the last policy, a ksjax.model checkpoint
+    final/               the last policy, a ksjax.model checkpoint (under LoRA, its adapters)
     eval/<settings>/     the eval binary's results (`python -m ksjax.eval`), one folder per
                          sampling settings
 
@@ -32,6 +34,9 @@ DATA_ITEM = "data"
 CONFIG_ITEM = "config"
 CHECKPOINT_ITEMS = (STATE_ITEM, DATA_ITEM, CONFIG_ITEM)
 PARAMS_FIELD = "params"
+# Under LoRA, the config item records the base the adapters belong to under this key, beside the
+# config (`ksjax.model.lora.base_record`): the trainer's resume and the eval binary check it.
+LORA_BASE_KEY = "lora_base"
 
 CHECKPOINTS = "checkpoints"
 

@@ -115,13 +115,15 @@ def adapt(llama: model.Llama, spec: LoraSpec, seed: int) -> model.Llama:
   return lora.apply(llama, spec, rngs=nnx.Rngs(seed))
 
 
-def check_base(recorded: Any, base: dict[str, str], where: str) -> None:
-  """ConfigError unless `recorded` (what a checkpoint says of its base) is `base`: adapters
-  computed on other weights compute nonsense."""
+def check_base(recorded: Any, base: dict[str, str], where: str, *,
+               base_is: str = "this run's base", error: type[Exception] = ConfigError) -> None:
+  """`error` (one line) unless `recorded` (what a checkpoint says of its base) is `base`: adapters
+  computed on other weights compute nonsense. `base_is` names where `base` came from; `error` is
+  the caller's type for a bad input (the eval binary's: its checkpoints')."""
   have = recorded.get("sha256") if isinstance(recorded, dict) else None
   if have != base["sha256"]:
-    raise ConfigError(
-        f"{where} holds adapters for the base "
-        f"{(recorded or {}).get('name', '(not recorded)')!r} (sha256 {str(have)[:16]}), but this "
-        f"run's base {base['name']!r} has sha256 {base['sha256'][:16]}; expected the base the "
-        "adapters were trained on")
+    name = (recorded.get("name") if isinstance(recorded, dict) else None) or "(not recorded)"
+    raise error(
+        f"{where} holds adapters for the base {name!r} (sha256 {str(have)[:16]}), but {base_is} "
+        f"{base['name']!r} has sha256 {base['sha256'][:16]}; expected the base the adapters "
+        "were trained on")

@@ -53,16 +53,12 @@ from ksjax.model import lora
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
-from ksjax.run.directory import RunDirectory
+from ksjax.run.directory import LORA_BASE_KEY, RunDirectory
 from ksjax.run.spec import TrainSpec
 from ksjax.trainer import async_rollouts, held_out, learner, memory_plan, metrics
 from ksjax.trainer import draw as draw_lib
 from ksjax.trainer import probe, rollout, warmup
 from ksjax.trainer import update as update_lib
-
-
-# The config item of a LoRA run's checkpoints records its base under this key, beside the config.
-LORA_BASE_KEY = "lora_base"
 
 
 def _say(message: str) -> None:

@@ -68,7 +68,8 @@ def configured(checkpoint_dir, **overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def _set(config: ml_collections.ConfigDict, fields: dict) -> None:
+def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:
+  """Sets each "section.name" of `fields` in `config`."""
   for key, value in fields.items():
     node = config
     *parents, leaf = key.split(".")
@@ -84,16 +85,18 @@ def eval_config(checkpoint_dir: str | os.PathLike) -> ml_collections.ConfigDict:
   spec.loader.exec_module(module)
   config = module.get_config()
   config.checkpoint_dir = str(checkpoint_dir)
-  _set(config.run, RUN_FIELDS)
+  set_fields(config.run, RUN_FIELDS)
   return config
 
 
-def _train(workdir: pathlib.Path) -> None:
+def train(workdir: pathlib.Path, **fields) -> None:
+  """The tiny run (RUN_FIELDS, TRAIN_FIELDS) made by the trainer in `workdir`, with `fields`
+  ("section.name": value) changed."""
   from ksjax import trainer  # pylint: disable=g-import-not-at-top
   from ksjax.run import config as defaults  # pylint: disable=g-import-not-at-top
   config = defaults.embedded_task_config()  # what configs/eval.py describes by default
   config.workdir = str(workdir)
-  _set(config, {**RUN_FIELDS, **TRAIN_FIELDS})
+  set_fields(config, {**RUN_FIELDS, **TRAIN_FIELDS, **fields})
   trainer.run(config)
 
 
@@ -111,7 +114,7 @@ def tiny_run(shared_tmp: pathlib.Path) -> pathlib.Path:
   done = workdir / "FIXTURE_DONE"
   with filelock.FileLock(str(shared_tmp / "eval_tiny_run.lock")):
     if not done.exists():
-      _train(workdir)
+      train(workdir)
       result = run_eval(workdir, "--config.steps=all", EVAL_MESH)
       if result.returncode != 0:
         raise RuntimeError(f"eval binary failed ({result.returncode}):\n{result.stderr[-3000:]}")
