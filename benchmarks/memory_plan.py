@@ -2,6 +2,7 @@
 
   python benchmarks/memory_plan.py --exact [--devices=8,64,256]     # seconds
   python benchmarks/memory_plan.py [--devices=8,64,256] [--out=plans/]  # 9 minutes on 2 cores
+  python benchmarks/memory_plan.py --lora [--exact] [--devices=8,64]
 
 --exact: the parts of the plan that follow from shapes and shardings alone (parameters, AdamW,
 reference policy, KV cache) on device-free meshes, and from them the largest sampling batch each
@@ -9,10 +10,16 @@ device size can hold; no program is compiled. Without it: full plans, each
 `python -m ksjax.tools.plan --fake_devices=N` in its own process (a process has one device
 count), written as JSON and summarised in a Markdown table with the compiled update and sampler
 programs. See `ksjax.trainer.memory_plan` for what the numbers are and what they assume.
+
+--lora: the 8B MATH and 70B CodeContests configs as they are (full fine-tuning), with LoRA rank 16
+on every weight matrix, and with QLoRA (the same adapters on an int4 base): per-device state
+(the parameters split into frozen base and trained, AdamW, reference) and, without --exact,
+the compiled plan's peaks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -32,6 +39,7 @@ _DEVICES = flags.DEFINE_list("devices", ["8", "64", "256"], "Device counts to pl
 _OUT = flags.DEFINE_string("out", "memory_plans", "Directory for the plans' JSON files.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Longest prompt, tokens.")
 _EXACT = flags.DEFINE_bool("exact", False, "Only the exact parts, on abstract meshes.")
+_LORA = flags.DEFINE_bool("lora", False, "Full fine-tuning vs LoRA vs QLoRA (see above).")
 _ROWS_PER_DEVICE = flags.DEFINE_integer(
     "rows_per_device", None, "Micro-batch rows per batch shard; default: the config's "
     "micro_batch_size, raised to one row per shard where the mesh has more shards.")
@@ -41,6 +49,14 @@ CONFIGS = {  # name -> (config file, the model preset whose config.json stands i
     "8B MATH": ("configs/math_llama8b.py", "llama3.1-8b"),
     "8B CodeContests": ("configs/code_contests_llama8b.py", "llama3.1-8b"),
     "70B CodeContests": ("configs/code_contests_llama70b.py", "llama3.1-70b"),
+}
+# The configs --lora compares, and its variants: name -> config.lora fields. Rank 16 as in the
+# LoRA configs (configs/*_lora.py); alpha, which changes no byte, is left at its default.
+LORA_CONFIGS = ("8B MATH", "70B CodeContests")
+LORA_VARIANTS = {
+    "full fine-tuning": {},
+    "LoRA r16": {"rank": 16, "targets": "all"},
+    "QLoRA r16 int4": {"rank": 16, "targets": "all", "quantize_base": "int4"},
 }
 MEMORY_GB = (16, 32, 80, 95)
 GIB = 2**30
@@ -63,10 +79,11 @@ def hf_config_dir(preset: str, directory: str) -> str:
 
 
 def run_plan(config: str, init_hf: str, devices: int, tensor: int, micro: int,
-             out: str) -> dict:
+             out: str, lora: dict | None = None) -> dict:
   cmd = [sys.executable, "-m", "ksjax.tools.plan", f"--config={config}",
          f"--fake_devices={devices}", f"--prompt_len={_PROMPT_LEN.value}", f"--json_out={out}",
          f"--config.init_hf={init_hf}"]
+  cmd += [f"--config.lora.{name}={value}" for name, value in (lora or {}).items()]
   shards = devices // tensor
   rows = shards * _ROWS_PER_DEVICE.value if _ROWS_PER_DEVICE.value else max(micro, shards)
   cmd.append(f"--config.micro_batch_size={rows}")
@@ -124,8 +141,62 @@ def exact_table() -> str:
   return "\n".join(lines)
 
 
+def lora_table() -> str:
+  """Per-device state, and without --exact the compiled peaks, of each config in LORA_CONFIGS
+  under each of LORA_VARIANTS."""
+  compiled = not _EXACT.value
+  header = ("| config | devices (data x fsdp x tensor) | fine-tuning | params: frozen base + "
+            "trained | AdamW | reference | state | "
+            + ("peak update / sampling / eval | peak | " + " | ".join(
+                f"{gb} GB" for gb in MEMORY_GB) + " |" if compiled else "")).rstrip()
+  lines = [header, "|" + "---|" * (7 + (2 + len(MEMORY_GB) if compiled else 0))]
+  out_dir = os.path.abspath(_OUT.value)
+  if compiled:
+    os.makedirs(out_dir, exist_ok=True)
+  gib = lambda b: f"{b / GIB:.2f}"
+  for name in LORA_CONFIGS:
+    path, preset = CONFIGS[name]
+    init_hf = hf_config_dir(preset, out_dir if compiled else tempfile.mkdtemp())
+    for devices in map(int, _DEVICES.value):
+      for variant, fields in LORA_VARIANTS.items():
+        config = load_config(os.path.join(ROOT, path))
+        if compiled:
+          out = os.path.join(out_dir, f"{name.replace(' ', '_')}_{devices}_"
+                             f"{variant.replace(' ', '_')}.json")
+          p = run_plan(path, init_hf, devices, config.mesh[2], config.micro_batch_size, out,
+                       fields)
+          if "error" in p:
+            lines.append(f"| {name} | {devices} | {variant} | {p['error']} |")
+            print(lines[-1], flush=True)
+            continue
+          mesh = "x".join(str(v) for v in p["mesh"].values())
+        else:
+          config.init_hf = init_hf
+          config.lora.update(fields)
+          spec = spec_lib.from_config(config)
+          cfg, mesh = planning.resolve(spec, devices, vocab_size=model.preset(preset).vocab_size)
+          p = dataclasses.asdict(planning.state_bytes(spec, cfg, mesh))
+          mesh = "x".join(str(v) for v in mesh.shape.values())
+        state = p["params"] + p["optimizer"] + p["reference"]
+        row = (f"| {name} | {devices} ({mesh}) | {variant} | {gib(p['params'])}: "
+               f"{gib(p['frozen'])} + {gib(p['params'] - p['frozen'])} | {gib(p['optimizer'])} | "
+               f"{gib(p['reference'])} | {gib(state)} |")
+        if compiled:
+          phases = p["phases"]
+          row += (f" {gib(phases['update'])} / {gib(phases['sampling'])} / "
+                  f"{gib(phases['eval'])} | {gib(p['peak'])} | " + " | ".join(
+                      "yes" if p["peak"] <= planning.USABLE_FRACTION * gb * 1e9 else "no"
+                      for gb in MEMORY_GB) + " |")
+        lines.append(row)
+        print(row, flush=True)
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
+  if _LORA.value:
+    print("\nGiB per device.\n" + lora_table())
+    return
   if _EXACT.value:
     print(exact_table())
     return

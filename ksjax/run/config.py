@@ -187,6 +187,23 @@ def accelerator_config(*, task: str, preset: str, k: int, mesh: tuple[int, int, 
   return c
 
 
+def math_config(preset: str) -> ml_collections.ConfigDict:
+  """The paper's MATH run (pass@4, unbiased leave-one-out, top-p 1) for a Llama 3.1 size:
+  `configs/math_llama8b.py` and its LoRA twin. The paper warms up with supervised fine-tuning on
+  MATH's training solutions; it does not give its settings, so the ones here are a starting
+  point."""
+  c = accelerator_config(task="math", preset=preset, k=4, mesh=(1, -1, 1), max_new_tokens=1024,
+                         eval_top_p=1.0)
+  c.aggregator = "pass_at_k"
+  c.baseline = "loo"
+  c.num_steps = 2000
+  c.sft_warmup.steps = 250  # about two epochs of MATH's 7,500 solutions
+  c.sft_warmup.batch_size = 64
+  c.sft_warmup.learning_rate = 1e-6
+  c.sft_warmup.lr_warmup_steps = 20
+  return c
+
+
 def code_contests_config(preset: str, tensor: int) -> ml_collections.ConfigDict:
   """The paper's CodeContests runs (pass@8, unbiased leave-one-out) for a Llama 3.1 size."""
   c = accelerator_config(task="code_contests", preset=preset, k=8, mesh=(1, -1, tensor),

@@ -61,11 +61,10 @@ def exact_text(spec: spec_lib.TrainSpec, devices: int, prompt_len: int | None) -
   gib = lambda b: f"{b / planning.GIB:10.2f} GiB"
   return "\n".join([
       f"model: {cfg.num_params / 1e9:.2f}B parameters, {cfg.num_layers} layers, {cfg.param_dtype}",
+      *planning.lora_lines(spec.lora, cfg),
       f"mesh: {mesh_text} ({devices} devices; exact parts only, nothing compiled)",
       "per device:",
-      f"  parameters                {gib(held.params)}",
-      f"  optimizer state (AdamW)   {gib(held.optimizer)}",
-      f"  reference policy          {gib(held.reference)}",
+      *planning.state_lines(held, spec.lora),
       f"  sampler KV cache          {gib(train_cache)} ({shapes.sample_prompts} prompts x "
       f"{shapes.samples}, {shapes.prompt_len} + {shapes.max_new_tokens} tokens)",
       f"  eval KV cache             {gib(eval_cache)} ({shapes.eval_prompts} prompts x "

@@ -16,6 +16,13 @@ and, one phase at a time,
               and the rows' L x [B*n, K, H, N - 1], for keys and as much for values;
   * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows.
 
+Under LoRA (config.lora.rank >= 1, `ksjax.model.lora`) the parameters are the frozen base (float,
+or QLoRA's int8/int4 values and their scales, as `qwix.quantize` makes them) and the adapters;
+the TrainState's parameters, their gradients and AdamW's moments are the adapters' alone (and
+PPO's value head's, `lora.trainable_filter`); the reference is the start's adapters on the same
+base; the sampler's copy is of the adapters (and, on a sub-mesh of its own, of the base too). The
+programs planned are the adapted model's, split as the trainer splits it (`abstract_policy`).
+
 Parameters, optimizer state and KV cache are computed exactly from shapes and shardings
 (`jax.eval_shape`, `NamedSharding.shard_shape`). The phases come from the compiled programs
 themselves: the trainer's `Updater` step and the sampler's prefill and decode are lowered with
@@ -56,10 +63,10 @@ from jax.sharding import NamedSharding
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.model import sharding
+from ksjax.model import lora, sharding
 from ksjax.run import policy
 from ksjax.run import tasks as run_tasks
-from ksjax.run.spec import TrainSpec
+from ksjax.run.spec import LoraSpec, TrainSpec
 from ksjax.sampling import batching
 from ksjax.sampling import sampler as sampler_lib
 from ksjax.sampling.config import SamplerConfig
@@ -81,6 +88,17 @@ GIB = 2**30
 # Sizes
 # ---------------------------------------------------------------------------------------------
 
+def element_bits(dtype: Any) -> int:
+  """Bits one element of `dtype` takes on a device. Sub-byte types (QLoRA's int4 base) count
+  packed, two to a byte, as XLA counts them in a compiled program's argument bytes
+  (`Compiled.memory_analysis()`), so that the held state and the programs' bytes agree (the CPU
+  runtime itself stores one int4 per byte). A key (`jax.random.key`) has no bit width of its own:
+  its itemsize's."""
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+    return 8 * dtype.itemsize
+  return jax.dtypes.itemsize_bits(dtype)
+
+
 def device_bytes(tree: Any) -> int:
   """Bytes one device holds of a pytree of arrays or ShapeDtypeStructs (the largest shard)."""
   total = 0
@@ -89,7 +107,7 @@ def device_bytes(tree: Any) -> int:
     leaf_sharding = getattr(leaf, "sharding", None)
     if leaf_sharding is not None:
       shape = leaf_sharding.shard_shape(shape)
-    total += math.prod(shape) * leaf.dtype.itemsize
+    total += -(-math.prod(shape) * element_bits(leaf.dtype) // 8)
   return total
 
 
@@ -148,14 +166,54 @@ def prompt_len_of(spec: TrainSpec) -> int:
   return DEFAULT_PROMPT_LEN
 
 
-def abstract_params(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, Any]:
-  """The model's graph and its parameters as ShapeDtypeStructs placed by their partition specs."""
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: model.Llama(cfg, rngs=nnx.Rngs(0))))
-  placed = nnx.map_state(
+@dataclasses.dataclass(frozen=True)
+class AbstractPolicy:
+  """The trainer's policy as ShapeDtypeStructs placed by their partition specs, split as the
+  trainer splits it (`ksjax.trainer.loop`): `trainable` is what a TrainState's parameters hold
+  (every parameter; under LoRA the adapters and PPO's value head, `lora.split`), `frozen` the
+  rest (None without LoRA; under LoRA the base, QLoRA's quantized, and any dropout's stream)."""
+  graphdef: nnx.GraphDef
+  trainable: Any
+  frozen: Any = None
+
+  @property
+  def params(self) -> Any:
+    """Every parameter as one state: what the sampler's programs take (`sampler.sample` splits
+    the whole model, adapters and base together)."""
+    if self.frozen is None:
+      return self.trainable
+    return nnx.merge_state(self.trainable, self.frozen)
+
+  def updater(self, spec: TrainSpec, mesh: Any) -> update_lib.Updater:
+    """The trainer's Updater for this policy (under LoRA, with the frozen base as its own)."""
+    return update_lib.build_updater(spec, self.graphdef, mesh, self.frozen)
+
+
+@functools.lru_cache(maxsize=4)
+def _abstract_split(cfg: model.LlamaConfig, lora_spec: LoraSpec, seed: int):
+  """(graphdef, trainable, frozen) of `cfg`'s model adapted by `policy.adapt`, unplaced.
+
+  Cached because under LoRA the trace is slow at depth: every RNG draw of the adapters' set-up
+  makes flax ask a tracer for its sharding, and jax's refusal walks the trace to say where the
+  tracer came from, so the time grows with the square of the layers (minutes for the 70B model
+  on two cores); a plan asks for the same model for its state and its update, and the
+  benchmarks for each device count."""
+  llama = nnx.eval_shape(
+      lambda: policy.adapt(model.Llama(cfg, rngs=nnx.Rngs(0)), lora_spec, seed))
+  if lora_spec.enabled:
+    return lora.split(llama)
+  return (*nnx.split(llama), None)
+
+
+def abstract_policy(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any) -> AbstractPolicy:
+  """The policy the trainer would build for `spec` with config `cfg` on `mesh`, abstractly:
+  `cfg`'s model adapted by `policy.adapt` as config.lora says (itself when LoRA is off)."""
+  graphdef, trainable, frozen = _abstract_split(cfg, spec.lora, spec.run.seed)
+  place = lambda state: nnx.map_state(
       lambda path, leaf: jax.ShapeDtypeStruct(
           leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, sharding.partition_spec(path))),
       state)
-  return graphdef, placed
+  return AbstractPolicy(graphdef, place(trainable), None if frozen is None else place(frozen))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,17 +253,17 @@ def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Sh
 def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
                    shapes: Shapes) -> ProgramMemory:
   """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating."""
-  graphdef, params = abstract_params(cfg, mesh)
-  updater = update_lib.build_updater(spec, graphdef, mesh)
-  state = updater.abstract_state(params)
+  held = abstract_policy(spec, cfg, mesh)
+  updater = held.updater(spec, mesh)
+  state = updater.abstract_state(held.trainable)
   batch = batch_lib.abstract(spec.loss, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
                              seq_len=shapes.prompt_len + shapes.max_new_tokens)
   step = updater.step_program(state, batch, shapes.prompt_len)
   return ProgramMemory.of(step.lower(state, batch).compile())
 
 
-def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts: int,
-                    samples: int, prompt_len: int,
+def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *,
+                    prompts: int, samples: int, prompt_len: int,
                     max_new_tokens: int) -> tuple[ProgramMemory, ProgramMemory]:
   """Memory of the sampler's prefill and decode programs for one call, compiled abstractly.
 
@@ -213,7 +271,8 @@ def compile_sampler(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts:
   `sampler.sample` gives them: a program given the held weights casts them itself (its
   temporaries hold the cast copy, hoisted out of the decode loop), so its peak counts the held
   parameters and the copy, as the sampler's call holds both."""
-  graphdef, params = abstract_params(cfg, mesh)
+  held = abstract_policy(spec, cfg, mesh)
+  graphdef, params = held.graphdef, held.params
   shapes = sampler_lib.Shapes(prompts, samples, prompt_len)
   prefill, decode = sampler_lib.programs(graphdef, SamplerConfig(max_new_tokens=max_new_tokens),
                                          mesh, shapes)
@@ -294,6 +353,8 @@ class MemoryPlan:
   sampler_params: int = 0  # the asynchronous sampler's parameter copy (on its own devices, or
                            # on the learner's when sampler_shared)
   sampler_shared: bool = False
+  frozen: int = 0          # of `params`, the frozen base under LoRA (0 without)
+  lora: LoraSpec = LoraSpec()  # the adapters' settings (rank 0: none)
 
   @property
   def phases(self) -> dict[str, int]:
@@ -323,7 +384,7 @@ class MemoryPlan:
 
   def table(self, device_memory: Sequence[int] = ()) -> str:
     """A human-readable per-device breakdown; with device sizes, whether it fits each."""
-    gib = lambda b: f"{b / GIB:10.2f} GiB"
+    gib = _gib
     s = self.shapes
     mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
     extrapolated = ""
@@ -334,6 +395,7 @@ class MemoryPlan:
     lines = [
         f"model: {self.model.num_params / 1e9:.2f}B parameters, {self.model.num_layers} layers, "
         f"{self.model.param_dtype}, remat={self.model.remat}",
+        *lora_lines(self.lora, self.model),
         f"mesh: {mesh} ({math.prod(self.mesh.values())} {self.platform} devices"
         f"{extrapolated})",
         f"update: {s.update_rows} rows per optimizer step in micro-batches of {s.micro_batch}, "
@@ -341,9 +403,8 @@ class MemoryPlan:
         f"sampling: {s.sample_prompts} prompts x {s.samples} samples; eval {s.eval_prompts} x "
         f"{s.eval_samples}, {s.eval_max_new_tokens} new tokens",
         "per device:",
-        f"  parameters                {gib(self.params)}",
-        f"  optimizer state (AdamW)   {gib(self.optimizer)}",
-        f"  reference policy          {gib(self.reference)}",
+        *state_lines(StateBytes(self.params, self.optimizer, self.reference, self.frozen),
+                     self.lora),
         *([f"  sampler's parameter copy  {gib(self.sampler_params)}"
            + (" (its own devices)" if not self.sampler_shared else "")]
           if self.sampler_params else []),
@@ -360,12 +421,39 @@ class MemoryPlan:
     return "\n".join(lines)
 
 
+def _gib(b: int) -> str:
+  return f"{b / GIB:10.2f} GiB"
+
+
+def lora_lines(lora_spec: LoraSpec, cfg: model.LlamaConfig) -> list[str]:
+  """The plan's line saying what trains under LoRA (none without)."""
+  if not lora_spec.enabled:
+    return []
+  base = ("not quantized" if lora_spec.quantize_base == "none"
+          else f"quantized to {lora_spec.quantize_base}")
+  trains = "the adapters and the value head train" if cfg.value_head else "the adapters train"
+  return [f"LoRA: rank {lora_spec.rank}, alpha {lora_spec.alpha:g}, on {lora_spec.targets} "
+          f"weights; {trains}, the {cfg.param_dtype} base ({base}) is frozen"]
+
+
+def state_lines(held: "StateBytes", lora_spec: LoraSpec) -> list[str]:
+  """The plan's per-device lines of the state a run holds throughout (`MemoryPlan.table` and
+  the plan tool's exact parts print the same)."""
+  lines = [f"  parameters                {_gib(held.params)}"]
+  if lora_spec.enabled:
+    lines += [f"    frozen base             {_gib(held.frozen)}",
+              f"    trained                 {_gib(held.params - held.frozen)}"]
+  return lines + [f"  optimizer state (AdamW)   {_gib(held.optimizer)}",
+                  f"  reference policy          {_gib(held.reference)}"]
+
+
 @dataclasses.dataclass(frozen=True)
 class StateBytes:
   """Per-device bytes of what a run holds throughout."""
-  params: int      # the policy's parameters
-  optimizer: int   # AdamW's two moments (in the parameters' dtype) and its step counters
-  reference: int   # the frozen reference policy, a copy of the parameters
+  params: int      # the policy's parameters (under LoRA, the frozen base and the adapters)
+  optimizer: int   # AdamW's two moments (in the trained parameters' dtype) and step counters
+  reference: int   # the frozen reference policy: a copy of the trained parameters
+  frozen: int = 0  # of `params`, the frozen base under LoRA (0 without)
 
 
 def abstract_mesh(shape: Sequence[int], num_devices: int) -> jax.sharding.AbstractMesh:
@@ -397,22 +485,32 @@ def resolve(spec: TrainSpec, devices: Sequence[jax.Device] | int | None = None,
 
 
 def state_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh) -> StateBytes:
-  """Parameters, optimizer state and reference per device, exactly, from shapes and shardings."""
-  graphdef, params = abstract_params(cfg, mesh)
-  state = update_lib.build_updater(spec, graphdef, mesh).abstract_state(params)
-  return StateBytes(params=device_bytes(params), optimizer=device_bytes(state.opt_state),
-                    reference=device_bytes(params))
+  """Parameters, optimizer state and reference per device, exactly, from shapes and shardings.
+
+  The optimizer's state is initialised on what trains (`AbstractPolicy.trainable`), and the
+  reference is a copy of it: under LoRA the start's adapters, on the base the policy holds
+  (`loop._start_or_resume`)."""
+  held = abstract_policy(spec, cfg, mesh)
+  state = held.updater(spec, mesh).abstract_state(held.trainable)
+  trained, frozen = device_bytes(held.trainable), device_bytes(held.frozen)
+  return StateBytes(params=trained + frozen, optimizer=device_bytes(state.opt_state),
+                    reference=trained, frozen=frozen)
 
 
 def sampler_copy_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any) -> int:
   """Per-device bytes of the asynchronous sampler's parameter copy (0 in lockstep): on the
-  learner's mesh, or on the sampler's own sub-mesh (config.sampler_mesh over sampler_devices)."""
+  learner's mesh, or on the sampler's own sub-mesh (config.sampler_mesh over sampler_devices).
+
+  It copies what the update changes (a TrainState's parameters; under LoRA the adapters); under
+  LoRA on a sub-mesh of its own it also holds a copy of the frozen base, placed there once
+  (`loop._sampler_policy`), while on the learner's devices it shares the learner's base."""
   s = spec.sampling
   if not s.max_lag:
     return 0
   if s.sampler_devices:
-    mesh = abstract_mesh(s.sampler_mesh, s.sampler_devices)
-  return device_bytes(abstract_params(cfg, mesh)[1])
+    held = abstract_policy(spec, cfg, abstract_mesh(s.sampler_mesh, s.sampler_devices))
+    return device_bytes(held.trainable) + device_bytes(held.frozen)
+  return device_bytes(abstract_policy(spec, cfg, mesh).trainable)
 
 
 def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
@@ -439,8 +537,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
-    return _by_depth(lambda c: compile_sampler(c, mesh, prompts=prompts, samples=samples,
-                                               prompt_len=shapes.prompt_len,
+    return _by_depth(lambda c: compile_sampler(spec, c, mesh, prompts=prompts,
+                                               samples=samples, prompt_len=shapes.prompt_len,
                                                max_new_tokens=new), cfg)
 
   prefill, decode = sampler(shapes.sample_prompts, shapes.samples, shapes.max_new_tokens)
@@ -453,7 +551,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       kv_cache=train_cache, prefill=prefill, decode=decode, eval_kv_cache=eval_cache,
       eval_prefill=eval_prefill, eval_decode=eval_decode,
       extrapolated=cfg.num_layers > EXACT_DEPTH, sampler_params=sampler_copy_bytes(spec, cfg, mesh),
-      sampler_shared=not spec.sampling.sampler_devices)
+      sampler_shared=not spec.sampling.sampler_devices, frozen=held.frozen,
+      lora=spec.lora)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,6 +648,8 @@ def check_fits(spec: TrainSpec, device_memory: int | None = None,
   return check(plan(spec, **plan_args), device_memory)
 
 
-__all__ = ["MemoryPlan", "ProgramMemory", "Shapes", "StateBytes", "abstract_mesh", "check",
-           "check_fits", "device_bytes", "device_memory_bytes", "kv_cache_bytes", "plan",
-           "prompt_len_of", "resolve", "sampler_caches", "state_bytes", "vocab_size_of"]
+__all__ = ["AbstractPolicy", "MemoryPlan", "ProgramMemory", "Shapes", "StateBytes",
+           "abstract_mesh", "abstract_policy", "check", "check_fits", "device_bytes",
+           "device_memory_bytes", "element_bits", "kv_cache_bytes", "lora_lines", "plan",
+           "prompt_len_of", "resolve", "sampler_caches", "state_bytes", "state_lines",
+           "vocab_size_of"]

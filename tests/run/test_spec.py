@@ -45,6 +45,7 @@ def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
   assert spec.sft_warmup.steps == config.sft_warmup.steps
   assert spec.eval.ks == tuple(config.eval.ks)
   assert spec.run.mesh == tuple(config.mesh)
+  assert dataclasses.asdict(spec.lora) == config.lora.to_dict()
   assert spec.config_json["learning_rate"] == config.learning_rate
   # Resolved defaults: n = k, the token_sum constant, the micro-batch, the eval budget.
   assert spec.loss.loss_constant == (config.loss_constant or config.max_new_tokens)
@@ -52,6 +53,34 @@ def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
   assert spec.eval.max_new_tokens == (config.eval.max_new_tokens or config.max_new_tokens)
   with pytest.raises(dataclasses.FrozenInstanceError):
     spec.loss.algorithm = "ppo"
+
+
+def flat(config, prefix=""):
+  """A config's leaves by dotted name."""
+  out = {}
+  for name, value in config.items():
+    if isinstance(value, config_dict.ConfigDict):
+      out.update(flat(value, f"{prefix}{name}."))
+    else:
+      out[f"{prefix}{name}"] = value
+  return out
+
+
+@pytest.mark.parametrize("name, learning_rates", [
+    ("smollm2_pass_at_k", ("learning_rate",)),
+    ("math_llama8b", ("learning_rate", "sft_warmup.learning_rate"))])
+def test_a_lora_config_is_its_full_fine_tuning_config_with_adapters_and_10x_the_rates(
+    name, learning_rates):
+  full, adapted = flat(load(name)), flat(load(f"{name}_lora"))
+  changed = {key for key in full if full[key] != adapted[key]}
+  assert changed == {"workdir", "lora.rank", "lora.alpha", *learning_rates}
+  assert adapted["workdir"] != full["workdir"]  # its own run directory
+  config = load(f"{name}_lora")
+  if not (config.init_hf or config.init_gguf):  # the weights are not read here
+    config.init_hf = "some Hugging Face directory"
+  assert spec_lib.from_config(config).lora.enabled
+  for key in learning_rates:  # the rates the adapters train at, as the configs say why
+    assert adapted[key] == pytest.approx(10 * full[key])
 
 
 @pytest.mark.parametrize("spec_class, field, config_name, value", [

@@ -10,13 +10,18 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
+from ksjax.model import lora
+from ksjax.run import policy
 from ksjax.run import spec as spec_lib
 from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as defaults
 from ksjax.run import tasks as run_tasks
+from ksjax.trainer import update as update_lib
 from tests import support
 
 VOCAB = 100
@@ -25,6 +30,19 @@ VOCAB = 100
 PER_LAYER = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 128 + 2 * 64
 TINY_PARAMS = 2 * PER_LAYER + VOCAB * 64 + 64
 F32 = 4
+# Rank-4 adapters of one tiny layer: A [inputs, 4] and B [4, outputs] of q (64 -> 4 x 16), k and
+# v (64 -> 2 x 16), o (4 x 16 -> 64), gate and up (64 -> 128) and down (128 -> 64).
+RANK = 4
+ADAPTERS_PER_LAYER = RANK * ((64 + 64 + 64 + 4 * 16 + 64 + 64 + 128)
+                             + (4 * 16 + 2 * 16 + 2 * 16 + 64 + 128 + 128 + 64))
+ADAPTERS = 2 * ADAPTERS_PER_LAYER
+# The tiny base under QLoRA int4: each weight's values at 4 bits, and a float32 scale per output
+# and group of 64 inputs along the last input axis (o's last input axis, 16, is one group per
+# head; down's 128 inputs are two groups); the norms and the embedding stay float32.
+WEIGHTS_PER_LAYER = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 128
+SCALES_PER_LAYER = 4 * 16 + 2 * (2 * 16) + 4 * 64 + 2 * 128 + 2 * 64
+INT4_BASE = (2 * (WEIGHTS_PER_LAYER // 2 + (SCALES_PER_LAYER + 2 * 64) * F32)
+             + (VOCAB * 64 + 64) * F32)
 spec_of = spec_lib.from_config  # plans take the typed spec of a trainer config
 
 
@@ -246,3 +264,113 @@ def test_fsdp_splits_the_update_activations_over_its_devices():
     return planning.compile_update(spec_of(config), cfg, device_mesh, shapes).temps
 
   assert temps((1, 8, 1)) <= temps((1, 1, 1)) / 4
+
+
+def lora_config(quantize_base="none", mesh=(8, 1, 1), **fields):
+  config = small_config(mesh=mesh, **fields)
+  config.lora.rank = RANK
+  config.lora.quantize_base = quantize_base
+  return config
+
+
+def bytes_on_first_device(tree):
+  """What the first device holds of real arrays: its shard of each, int4 at 4 bits (packed, as
+  XLA's compiled programs count it; the CPU runtime itself pads each to a byte)."""
+  device = jax.devices()[0]
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard, = [s.data for s in leaf.addressable_shards if s.device == device]
+    bits = 4 if leaf.dtype == jnp.int4 else 8 * leaf.dtype.itemsize
+    total += shard.size * bits // 8
+  return total
+
+
+@pytest.mark.parametrize("quantize_base", ["none", "int4"])
+def test_the_lora_state_is_what_the_adapted_model_and_its_train_state_hold(quantize_base):
+  spec = spec_of(lora_config(quantize_base, mesh=(2, 2, 2)))
+  cfg, mesh = planning.resolve(spec, vocab_size=VOCAB)
+  held = planning.state_bytes(spec, cfg, mesh)
+  # What the trainer builds (`loop._train`): the policy on the mesh, adapted, split into the
+  # adapters and the frozen base, and a TrainState of the adapters.
+  llama = policy.adapt(policy.build_model(spec.model, VOCAB, mesh, value_head=False,
+                                          seed=spec.run.seed), spec.lora, spec.run.seed)
+  graphdef, trainable, frozen = lora.split(llama)
+  state = update_lib.build_updater(spec, graphdef, mesh, frozen).init_state(
+      trainable, jax.random.key(0))
+  assert held.params == bytes_on_first_device(trainable) + bytes_on_first_device(frozen)
+  assert held.frozen == bytes_on_first_device(frozen)
+  assert held.reference == bytes_on_first_device(state.params)
+  assert held.optimizer == bytes_on_first_device(state.opt_state)
+  if quantize_base == "int4":  # the base is qwix's int4 values and their scales
+    assert {leaf.dtype for leaf in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.int4),
+                                                                jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.parametrize("quantize_base, base", [("none", TINY_PARAMS * F32),
+                                                 ("int4", INT4_BASE)])
+def test_under_lora_gradients_and_adamw_are_the_adapters_alone(quantize_base, base):
+  spec = spec_of(lora_config(quantize_base))
+  cfg, mesh = planning.resolve(spec, vocab_size=VOCAB)  # data=8: every device holds all of it
+  held = planning.state_bytes(spec, cfg, mesh)
+  assert held.frozen == base
+  assert held.params == base + ADAPTERS * F32
+  assert held.reference == ADAPTERS * F32  # the start's adapters, on the same base
+  # AdamW: two float32 moments per adapter parameter and the two int32 step counters.
+  assert held.optimizer == 2 * ADAPTERS * F32 + 2 * 4
+  policy_ = planning.abstract_policy(spec, cfg, mesh)
+  opt_state = policy_.updater(spec, mesh).abstract_state(policy_.trainable).opt_state
+  moments = [path for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state) if leaf.ndim]
+  assert moments and all(str(path[-1].key).endswith(("_lora_a", "_lora_b")) for path in moments)
+
+
+def test_under_lora_with_ppo_the_value_head_trains_with_the_adapters():
+  spec = spec_of(lora_config(algorithm="ppo"))
+  cfg, mesh = planning.resolve(spec, vocab_size=VOCAB)
+  held = planning.state_bytes(spec, cfg, mesh)
+  value_head = (64 + 1) * F32  # a width-64 vector and a bias, new, so not frozen
+  assert held.frozen == TINY_PARAMS * F32
+  assert held.reference == ADAPTERS * F32 + value_head
+  assert held.optimizer == 2 * (ADAPTERS * F32 + value_head) + 2 * 4
+
+
+def test_under_lora_the_samplers_copy_is_of_the_adapters_or_of_all_on_its_own_devices():
+  def spec(**fields):
+    return spec_of(lora_config(**{"mesh": (1, 8, 1), **fields}))
+
+  cfg, mesh = planning.resolve(spec(), vocab_size=VOCAB)
+  held = planning.state_bytes(spec(), cfg, mesh)
+  # On the learner's devices it shares the learner's base and copies the adapters.
+  assert planning.sampler_copy_bytes(spec(max_lag=2), cfg, mesh) == held.params - held.frozen
+  # On its own two devices it holds the base too, placed there once, split two ways.
+  own = spec(max_lag=1, sampler_devices=2, sampler_mesh=(1, 2, 1), mesh=(1, 6, 1))
+  on_two = planning.state_bytes(own, cfg, planning.abstract_mesh((1, 2, 1), 2))
+  assert planning.sampler_copy_bytes(own, cfg, mesh) == on_two.params > 3 * held.params
+
+
+@pytest.fixture(scope="module")
+def qlora_plan():
+  return planning.plan(spec_of(lora_config("int4")), prompt_len=10, vocab_size=VOCAB)
+
+
+def test_the_qlora_plan_compiles_the_adapted_programs(tiny_plan, qlora_plan):
+  p = qlora_plan
+  trained = p.params - p.frozen
+  assert (p.frozen, trained) == (INT4_BASE, ADAPTERS * F32)
+  # The update receives the base as an argument beside the TrainState and the batch (as in
+  # `test_plan_reports_the_exact_parts_and_compiled_phases`), and XLA counts the int4 values
+  # as the plan does; only the adapters' TrainState is donated, never the base.
+  scalars = 4 + 4 + 8
+  batch = (8 * 24 * (4 + 1 + 4 + 4) + 8 * 4) // 8
+  assert p.update.arguments == p.params + p.optimizer + scalars + batch
+  assert p.update.aliased == trained + p.optimizer + scalars
+  # The sampler's programs take the adapted model, base and adapters: their other arguments
+  # (prompts, mask, row count, seed) are those of the same run without LoRA.
+  for program in ("prefill", "decode", "eval_prefill", "eval_decode"):
+    lora_args = getattr(p, program).arguments - p.params
+    assert lora_args == getattr(tiny_plan, program).arguments - tiny_plan.params, program
+  assert p.kv_cache == tiny_plan.kv_cache
+  assert p.phases["update"] == p.reference + p.update.peak
+  table = p.table()
+  assert "LoRA: rank 4, alpha 16, on all weights" in table and "quantized to int4" in table
+  assert f"    frozen base             {INT4_BASE / 2**30:10.2f} GiB" in table
+  assert "frozen base" not in tiny_plan.table()
