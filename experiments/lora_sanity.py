@@ -43,7 +43,7 @@ ARM = "pass_at_k_lora"
 FULL_ARM = "pass_at_k"  # the decisive study's run it is set beside
 SEEDS = (0, 1)
 DEFAULT_OUT = os.path.join(ds.REPO, "experiments", "results", "lora_sanity")
-METRICS = ("pass@1", "pass@4", "pass@16", "maj@4", "kl")
+METRICS = ("pass@1", "pass@4", "pass@16", "maj@4", "kl")  # kl: k3 per completion, to the start
 
 
 def lora_design() -> ds.Design:
@@ -93,7 +93,7 @@ def _values(directory: str, step: int) -> dict[str, float] | None:
   if step not in by_step:
     return None
   m = by_step[step]["metrics"]
-  return {k: m.get("kl/k3" if k == "kl" else k, float("nan")) for k in METRICS}
+  return {k: m.get("kl_k3" if k == "kl" else k, float("nan")) for k in METRICS}
 
 
 def report(d: ds.Design, out: str, full_out: str, seeds) -> str:
