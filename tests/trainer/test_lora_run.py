@@ -113,3 +113,20 @@ def test_a_killed_lora_run_resumes_bitwise_with_dropout(tmp_path):
   for name in a:
     np.testing.assert_array_equal(a[name], b[name])
   assert any(v.any() for k, v in a.items() if k.endswith("_lora_b']"))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"dynamic_sampling": True, "dynamic_max_rounds": 2, "sparse_updates": True},
+    {"max_lag": 1},
+], ids=["dynamic_sampling_sparse", "async_rollouts"])
+def test_dynamic_sampling_sparse_updates_and_async_rollouts_train_the_adapters(tmp_path,
+                                                                                 overrides):
+  workdir = tmp_path / "run"
+  loop.run(test_run._tiny_config(workdir, num_steps=3, **LORA, **overrides))
+  run_dir = RunDirectory(workdir)
+  final = _adapters(run_dir.final_dir)
+  assert any(v.any() for k, v in final.items() if k.endswith("_lora_b']"))
+  lines = metrics.read_jsonl(run_dir.metrics_jsonl)
+  assert len(lines) == 3 and all(line["optim/steps"] >= 1 for line in lines)
+  if "max_lag" in overrides:  # sampled one step behind the learner, from the adapters pushed
+    assert [line["async/lag"] for line in lines][1:] == [1.0, 1.0]
