@@ -33,6 +33,9 @@ from ksjax.run.directory import CONFIG_ITEM, LORA_BASE_KEY, locate
 
 from tests.support import eval_run
 
+# A LoRA run trained and evaluated on two meshes: about four CPU-minutes, most of it compiling.
+pytestmark = pytest.mark.slow
+
 # What the eval config must repeat of the run: the adapters' shapes and scale.
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 TRAIN = {

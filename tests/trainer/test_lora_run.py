@@ -104,6 +104,8 @@ def _lora_main(workdir, **overrides):
   return test_run._main(workdir, **{**LORA, "lora.dropout": 0.1, **overrides})
 
 
+@pytest.mark.slow  # two 16-step runs in subprocesses: about 50 s; the resume itself is tested
+# without LoRA in tests/trainer/test_run.py
 def test_a_killed_lora_run_resumes_bitwise_with_dropout(tmp_path):
   steps = 16  # long enough to be killed after its second checkpoint (a step takes milliseconds)
   straight, killed = resume.straight_and_killed(_lora_main, tmp_path, steps, test_run._env())
@@ -115,6 +117,7 @@ def test_a_killed_lora_run_resumes_bitwise_with_dropout(tmp_path):
   assert any(v.any() for k, v in a.items() if k.endswith("_lora_b']"))
 
 
+@pytest.mark.slow  # two more LoRA runs, about 25 s
 @pytest.mark.parametrize("overrides", [
     {"dynamic_sampling": True, "dynamic_max_rounds": 2, "sparse_updates": True},
     {"max_lag": 1},

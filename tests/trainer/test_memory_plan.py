@@ -352,6 +352,7 @@ def qlora_plan():
   return planning.plan(spec_of(lora_config("int4")), prompt_len=10, vocab_size=VOCAB)
 
 
+@pytest.mark.slow  # compiles the QLoRA update and sampler programs: about 40 s
 def test_the_qlora_plan_compiles_the_adapted_programs(tiny_plan, qlora_plan):
   p = qlora_plan
   trained = p.params - p.frozen
