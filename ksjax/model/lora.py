@@ -175,6 +175,15 @@ def split(llama: Llama) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
   return nnx.split(llama, trainable_filter(llama), ...)
 
 
+def join(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State | None = None, *,
+         copy: bool = False) -> Llama:
+  """`split`'s inverse: the model of `trainable` and, under LoRA, its `frozen` base (None: the
+  trainable state is the whole model, as without LoRA). `copy`: new Variables, for a model whose
+  state a traced function changes (LoRA's dropout reseeds its stream)."""
+  states = (trainable,) if frozen is None else (trainable, frozen)
+  return nnx.merge(graphdef, *states, copy=copy)
+
+
 def adapters_off(llama: Llama) -> Llama:
   """The base model of an adapted `llama` (QLoRA: the quantized base), over the same arrays: the
   reference policy without a second copy of the weights. Its programs contain no adapter
@@ -375,6 +384,6 @@ def restore(path: str, llama: Llama) -> None:
 
 
 __all__ = ["LoraSpec", "TARGETS", "QUANTIZE", "INT4_GROUP", "rule", "apply",
-           "is_adapted", "quantize_weight", "trainable_filter", "split", "adapters_off",
+           "is_adapted", "quantize_weight", "trainable_filter", "split", "join", "adapters_off",
            "training", "merged_weight", "merge", "base_sha256", "base_record", "save",
            "is_adapter_checkpoint", "read_metadata", "load_base", "load", "restore"]

@@ -459,6 +459,4 @@ def restore_policy(run: RunDirectory, step: int, graphdef: nnx.GraphDef, target:
       args=ocp.args.PyTreeRestore(item=item,
                                   restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                                   partial_restore=True))
-  if frozen is None:
-    return nnx.merge(graphdef, restored[PARAMS_FIELD])
-  return nnx.merge(graphdef, restored[PARAMS_FIELD], frozen)
+  return lora.join(graphdef, restored[PARAMS_FIELD], frozen)

@@ -331,7 +331,7 @@ def _sampler_policy(updater: update_lib.Updater, sampler_mesh):
     return updater.policy
   frozen = jax.device_put(updater.frozen, jax.tree.map(
       lambda x: jax.sharding.NamedSharding(sampler_mesh, x.sharding.spec), updater.frozen))
-  return lambda params: nnx.merge(updater.graphdef, params, frozen)
+  return lambda params: lora.join(updater.graphdef, params, frozen)
 
 
 def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, checkpointer, mesh,

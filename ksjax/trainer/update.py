@@ -35,6 +35,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ksjax import model
+from ksjax.model import lora
 from ksjax.run.spec import LossSpec, TrainSpec
 from ksjax.trainer import batch as batch_lib
 from ksjax.trainer import losses
@@ -174,9 +175,7 @@ class Updater:
 
   def policy(self, params: nnx.State):
     """The model these parameters (a TrainState's) make: with the frozen base under LoRA."""
-    if self.frozen is None:
-      return nnx.merge(self.graphdef, params)
-    return nnx.merge(self.graphdef, params, self.frozen)
+    return lora.join(self.graphdef, params, self.frozen)
 
   # -- state -----------------------------------------------------------------------------------
 
@@ -272,12 +271,10 @@ class Updater:
                   dropout_key: jax.Array | None = None):
     """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings (and LoRA's
     dropout drawn from `dropout_key` when there is one)."""
-    states = (params,) if frozen is None else (params, frozen)
     # With dropout the merged model's RNG stream is reseeded in this trace: its Variables must be
     # this trace's own (copy=True), not the frozen state's, which was made outside it.
-    llama = nnx.merge(self.graphdef, *states, copy=dropout_key is not None)
+    llama = lora.join(self.graphdef, params, frozen, copy=dropout_key is not None)
     if dropout_key is not None:
-      from ksjax.model import lora  # pylint: disable=import-outside-toplevel
       llama = lora.with_dropout_key(llama, dropout_key)
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
       return loss_and_metrics(llama, mb, self.loss, self.temperature, prompt_len)
@@ -334,8 +331,7 @@ class Updater:
       def fwd(params, frozen, tokens_mmt, mask_mmt):
         def one(args):
           tokens_rt, mask_rt = args
-          llama = nnx.merge(graphdef, params) if frozen is None else nnx.merge(
-              graphdef, params, frozen)
+          llama = lora.join(graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
             out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
             if values:
