@@ -374,7 +374,7 @@ class Projections(nnx.Module):
     the backward pass recomputes them instead of keeping every layer's from the forward pass; and
     behind an optimization barrier with the layer's input. Why the barrier: the dequantization
     depends on the parameters alone, and XLA hoists such work out of a loop, here the update's
-    scan over micro-batches (and the sampler's decode loop), which then holds every layer's float
+    loop over micro-batches (and the sampler's decode loop), which then holds every layer's float
     weights for the whole step (benchmarks/lora_update.py prints the compiled step's bytes)."""
     def frozen(x, w):
       return project(x, w if shape is None else w.reshape(shape), self.dtype, self.matmul_dtype,

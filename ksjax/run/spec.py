@@ -478,7 +478,8 @@ class LossSpec(cf.Spec):
                                "when allowed")
   # One update program per bucket: a small model compiles in longer than a few padding rows cost,
   # a 135M one the other way round.
-  sparse_min_rows: int = field(8, "kept rows are padded to a power of two of at least this many",
+  sparse_min_rows: int = field(8, "the smallest micro-batch of kept rows: fewer kept rows than "
+                               "a micro-batch are padded to a power of two of at least this many",
                                lo=1)
   # A forward pass of the start policy over every completion; the first and last steps always log
   # it, and a KL penalty needs it every step.

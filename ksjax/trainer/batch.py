@@ -1,7 +1,7 @@
 """The batch one optimizer step consumes: M micro-batches of m rows, T columns.
 
 The learner builds it on the host from a rollout (`learner.learn`), the `Updater` places it on
-the mesh (rows over data x fsdp) and scans the loss over its leading axis, so inside the loss
+the mesh (rows over data x fsdp) and loops the loss over its leading axis, so inside the loss
 every array has lost the M axis ([m, T], [m]). The memory plan builds the same structure out of
 ShapeDtypeStructs (`abstract`). Which optional fields are present depends on the loss
 (`LossSpec`): they are None otherwise, which a pytree carries as no leaves at all.

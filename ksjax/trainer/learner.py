@@ -34,30 +34,22 @@ from ksjax.trainer.rollout import Rollout
 from ksjax.trainer.update import TrainState, Updater
 
 
-def _padded_rows(rows: np.ndarray, micro: int) -> tuple[np.ndarray, np.ndarray]:
-  """Pads a row selection to a multiple of `micro` with copies of row 0 marked as padding."""
-  extra = -len(rows) % micro
-  padding = np.concatenate([np.zeros(len(rows), bool), np.ones(extra, bool)])
-  return np.concatenate([rows, np.full(extra, rows[0] if len(rows) else 0)]), padding
-
-
 def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, micro: int, *,
                  values: bool = False) -> dict[str, np.ndarray]:
-  """Learner log-probs (and V(x)) of the given rows, forward only, as host arrays [len(rows), T]."""
-  padded, _ = _padded_rows(rows, micro)
-  split = lambda v: v.reshape(len(padded) // micro, micro, *v.shape[1:])
-  tokens_mmt, mask_mmt = (updater.place_rows(split(v)) for v in (
-      rollout.tokens_rt[padded], rollout.attention_mask_rt[padded]))
+  """Learner log-probs (and V(x)) of the given rows, forward only, as host arrays [len(rows), T].
+
+  The rows are laid out as the update lays them out (`sparse.layout`, micro-batches of `micro`
+  rows in a batch of the rollout's size), so that one program serves every number of rows."""
+  selection = sparse.layout(rows, len(rollout.tokens_rt), updater.batch_shards, micro, micro)
+  split = lambda v: v.reshape(len(selection.rows) // selection.micro, selection.micro,
+                              *v.shape[1:])
+  tokens_mmt, mask_mmt = (updater.place_rows(split(v[selection.rows])) for v in (
+      rollout.tokens_rt, rollout.attention_mask_rt))
   out = updater.forward(params, tokens_mmt, mask_mmt, values=values,
-                        prompt_len=rollout.prompt_len)
+                        prompt_len=rollout.prompt_len, count=selection.count)
   out = distributed.to_host(out)
-  return {k: np.asarray(v).reshape(len(padded), *v.shape[2:])[:len(rows)] for k, v in out.items()}
-
-
-def _micro_size(rows: int, micro: int, shards: int) -> int:
-  """Micro-batch rows for a bucket of `rows`: the configured size, or the whole bucket if smaller."""
-  size = min(rows, micro)
-  return -(-size // shards) * shards
+  return {k: np.asarray(v).reshape(len(selection.rows), *v.shape[2:])[:len(rows)]
+          for k, v in out.items()}
 
 
 def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np.ndarray,
@@ -111,20 +103,17 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
       if use_sparse:
-        selection = sparse.select_rows(advantage_r[minibatch], shards, cfg.sparse_min_rows)
-        local, padding = selection.rows, selection.padding
-        kept_rows += selection.kept
+        selection = sparse.select_rows(advantage_r[minibatch], shards, cfg.sparse_min_rows,
+                                       cfg.micro_batch_size)
       else:
-        local, padding = np.arange(len(minibatch)), np.zeros(len(minibatch), bool)
-        kept_rows += len(minibatch)
+        selection = sparse.every_row(len(minibatch), shards, cfg.micro_batch_size)
+      kept_rows += selection.kept
       if use_sparse and not selection.kept:  # no row has a weight: a zero gradient
         state, metrics = updater.zero_step(state)
         totals = _add_totals(totals, metrics)
         optimizer_steps += 1
         continue
-      micro = _micro_size(len(local), cfg.micro_batch_size, shards)
-      local, extra = _padded_rows(local, micro)
-      padding = np.concatenate([padding, extra[len(padding):]])  # the rows _padded_rows added
+      local, padding = selection.rows, selection.padding
       rows = minibatch[local]
       ppo = cfg.algorithm == "ppo"
       batch = MicroBatch(
@@ -139,8 +128,8 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
                         if ppo else None),
           ref_logp=ref_logp_rt[rows] if cfg.kl_coef > 0 else None,
           is_weight=is_weight_r[rows] if is_weight_r is not None else None)
-      batch = updater.place(batch.split(micro))
-      state, metrics = updater.step(state, batch, rollout.prompt_len)
+      batch = updater.place(batch.split(selection.micro))
+      state, metrics = updater.step(state, batch, rollout.prompt_len, selection.count)
       totals = _add_totals(totals, metrics)
       optimizer_steps += 1
   return state, summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,

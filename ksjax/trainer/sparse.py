@@ -8,9 +8,11 @@ them (no value loss, no KL penalty; `LossSpec.needs_every_row`, which also decid
 gathered into a smaller batch. Because every loss is a sum over tokens with weights fixed from
 the whole batch (`losses.token_weights`), the update is the same as the dense one.
 
-Shapes stay bounded: the kept rows are padded to a bucket, a power of two times the number of
-batch shards (at least `min_rows`, `config.sparse_min_rows`), capped at the dense size, so a run
-compiles at most log2(rows / min_rows) + 1 update programs. Padding rows have no tokens (weight 0)
+Shapes stay bounded (`layout`): the kept rows fill micro-batches of the configured size, and the
+update runs only those holding a real row (a trip count read at run time), so the number of kept
+rows changes no shape; below one micro-batch the micro-batch shrinks to a bucket, a power of two
+times the number of batch shards (at least `min_rows`, `config.sparse_min_rows`). A run compiles
+at most log2(micro_batch / min_rows) + 1 update programs. Padding rows have no tokens (weight 0)
 and contribute 0.
 """
 
@@ -40,30 +42,59 @@ def bucket_rows(kept: int, total: int, multiple: int = 1, min_rows: int = MIN_RO
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-  """Which rows of a dense batch an update keeps and how they are padded.
+  """Which rows of a mini-batch an update runs, laid out in micro-batches.
 
   Attributes:
-    rows: int64 [S] indices into the dense batch; the first `kept` are real, the rest repeat row 0
-      and are marked as padding.
+    rows: int64 [S] indices into the mini-batch; the first `kept` are real, the rest repeat row 0
+      and are marked as padding. S is the mini-batch's rows rounded up to whole micro-batches, so
+      that every selection of a mini-batch with the same `micro` has one shape.
     kept: the number of real rows.
     padding: bool [S], True on padding rows (their token weights must be zeroed).
+    micro: rows per micro-batch.
+    count: the micro-batches holding a real row, ceil(kept / micro): the update runs these and
+      no others (`Updater.step`'s `count`).
   """
   rows: np.ndarray
   kept: int
   padding: np.ndarray
+  micro: int
+  count: int
 
 
-def select_rows(advantage_r: np.ndarray, multiple: int = 1, min_rows: int = MIN_ROWS) -> Selection:
-  """The rows with a non-zero advantage, padded to `bucket_rows`; order preserved.
+def select_rows(advantage_r: np.ndarray, multiple: int = 1, min_rows: int = MIN_ROWS,
+                micro_batch: int | None = None) -> Selection:
+  """The rows with a non-zero advantage, in order, in micro-batches (`layout`).
 
   Zero means exactly 0.0: pass@k leave-one-out gives exact zeros (differences of equal rewards),
   and a tiny non-zero weight is kept, as the dense update would use it.
   """
   advantage_r = np.asarray(advantage_r)
-  nonzero = np.flatnonzero(advantage_r != 0)
-  size = bucket_rows(len(nonzero), len(advantage_r), multiple, min_rows)
-  if size == len(advantage_r):  # the dense shape: keep every row in order, nothing to pad
-    return Selection(np.arange(size), size, np.zeros(size, bool))
-  rows = np.concatenate([nonzero, np.zeros(size - len(nonzero), np.int64)])
-  padding = np.arange(size) >= len(nonzero)
-  return Selection(rows, len(nonzero), padding)
+  return layout(np.flatnonzero(advantage_r != 0), len(advantage_r), multiple, min_rows,
+                micro_batch)
+
+
+def every_row(total: int, multiple: int = 1, micro_batch: int | None = None) -> Selection:
+  """Every row of a mini-batch of `total`, in order: the dense update's layout."""
+  return layout(np.arange(total), total, multiple, total, micro_batch)
+
+
+def layout(kept_rows: np.ndarray, total: int, multiple: int = 1, min_rows: int = MIN_ROWS,
+           micro_batch: int | None = None) -> Selection:
+  """`kept_rows` of a mini-batch of `total` rows in micro-batches of
+  min(`micro_batch`, `bucket_rows(len(kept_rows))`) rows (`micro_batch` None: the whole
+  mini-batch), padded to the mini-batch's size in whole micro-batches.
+
+  Why the bucket only sizes the micro-batch: the update loops over the first `count`
+  micro-batches with a trip count it reads at run time, so the number of kept rows changes no
+  shape once it fills a micro-batch, and a run compiles one update per micro-batch size (at most
+  log2(micro_batch / min_rows) + 1 of them) instead of one per bucket of rows, and runs
+  ceil(kept / micro) micro-batches instead of a power of two's worth. Below a micro-batch the
+  bucket still shrinks it: a small model's configs take the whole mini-batch as one micro-batch.
+  """
+  kept = len(kept_rows)
+  micro = min(bucket_rows(kept, total, multiple, min_rows), micro_batch or total)
+  micro = -(-micro // multiple) * multiple
+  slots = -(-total // micro) * micro
+  rows = np.concatenate([np.asarray(kept_rows, np.int64), np.zeros(slots - kept, np.int64)])
+  padding = np.arange(slots) >= kept
+  return Selection(rows, kept, padding, micro, -(-kept // micro))

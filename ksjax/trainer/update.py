@@ -1,10 +1,11 @@
 """The jitted update: loss, gradient accumulation over micro-batches, optimizer, non-finite skip.
 
 One call of `Updater.step` is one optimizer step on one mini-batch of completions, laid out as
-[M, m, T]: M micro-batches of m rows. The micro-batches are a `lax.scan` that sums gradients.
-Why a scan and not `optax.MultiSteps`: the losses are sums over tokens with weights normalised over
+[M, m, T]: M micro-batches of m rows, of which the first `count` are run, a loop that sums
+gradients (its trip count an argument, so the number of rows kept changes no shape;
+`ksjax.trainer.sparse.layout`). Why a loop and not `optax.MultiSteps`: the losses are sums over tokens with weights normalised over
 the whole mini-batch (`losses.token_weights`), so the mini-batch gradient is exactly the *sum* of
-the micro-batch gradients; the scan computes it in one compiled call, with one host round trip per
+the micro-batch gradients; the loop computes it in one compiled call, with one host round trip per
 optimizer step, no gradient buffer inside the optimizer state (so checkpoints do not carry one),
 and the finiteness check sees the whole accumulated gradient before anything is applied.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -148,8 +150,8 @@ class Updater:
   mesh. `build_updater` makes the trainer's; the supervised warm-up makes its own from the same
   class (a weight-1 policy-gradient loss is the token-weighted log-likelihood).
 
-  Programs are compiled once per distinct batch shape (the sparse path's buckets, see
-  `ksjax.trainer.sparse`).
+  Programs are compiled once per distinct batch shape: per micro-batch size, whatever the number
+  of rows kept (`ksjax.trainer.sparse.layout`).
   """
 
   def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
@@ -225,15 +227,21 @@ class Updater:
 
   # -- programs --------------------------------------------------------------------------------
 
-  def step(self, state: TrainState, batch: MicroBatch,
-           prompt_len: int) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step on a placed [M, m, ...] batch; returns the new state (the old one is
-    donated) and metric sums: the micro-batch sums plus grad_norm and finite (0/1)."""
-    return self.step_program(state, batch, prompt_len)(state, batch)
+  def step(self, state: TrainState, batch: MicroBatch, prompt_len: int,
+           count: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step on the first `count` micro-batches of a placed [M, m, ...] batch (None:
+    all M; the rest are never read); returns the new state (the old one is donated) and metric
+    sums: the micro-batch sums plus grad_norm and finite (0/1)."""
+    num_micro = jax.tree.leaves(batch)[0].shape[0]
+    count = num_micro if count is None else count
+    if not 1 <= count <= num_micro:
+      raise ValueError(f"count={count} micro-batches of a batch of {num_micro}")
+    return self.step_program(state, batch, prompt_len)(state, batch, count)
 
   def step_program(self, state: TrainState, batch: MicroBatch, prompt_len: int):
-    """The jitted update for this batch shape (built once per shape; `.lower()` it to inspect
-    the compiled program, e.g. its FLOP count)."""
+    """The jitted update for this batch shape, called as (state, batch, count) (built once per
+    shape, whatever the count; `.lower(state, batch)` it to inspect the compiled program, e.g.
+    its FLOP count)."""
     key = (prompt_len, batch.shape_key())
     if key not in self._steps:
       self._steps[key] = self._build_step(state, batch, prompt_len)
@@ -292,69 +300,88 @@ class Updater:
     micro_loss = functools.partial(self._micro_loss, prompt_len=prompt_len)
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def update(state: TrainState, batch, frozen):
-      def accumulate(carry, micro):
-        grads, sums = carry
-        mb, index = micro
-        (_, metrics), g = grad_fn(state.params, mb, frozen,
-                                  dropout_key=self._dropout_key(state, index))
-        return (jax.tree.map(jnp.add, grads, g), add_metrics(sums, metrics)), None
-
+    def update(state: TrainState, batch, count, frozen):
       first_mb = jax.tree.map(lambda x: x[0], batch)
       num_micro = jax.tree.leaves(batch)[0].shape[0]
       if num_micro == 1:  # one micro-batch: nothing to accumulate
         (_, sums), grads = grad_fn(state.params, first_mb, frozen,
                                    dropout_key=self._dropout_key(state, 0))
-      else:
-        zero_metrics = jax.tree.map(
-            jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb, frozen)[1]))
-        zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics),
-                                        (batch, jnp.arange(num_micro)))
+        return _optimizer_step(self.optimizer, state, grads, sums)
+
+      def accumulate(index, carry):
+        grads, sums = carry
+        mb = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), batch)
+        (_, metrics), g = grad_fn(state.params, mb, frozen,
+                                  dropout_key=self._dropout_key(state, index))
+        return jax.tree.map(jnp.add, grads, g), add_metrics(sums, metrics)
+
+      zero_metrics = jax.tree.map(
+          jnp.zeros_like, jax.eval_shape(lambda: micro_loss(state.params, first_mb, frozen)[1]))
+      zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+      # A loop whose trip count is an argument (a while loop, not a scan over all M): the batch
+      # is laid out for the mini-batch's every row, and only its first `count` micro-batches hold
+      # kept rows (`sparse.layout`), so one program serves every count.
+      grads, sums = jax.lax.fori_loop(0, count, accumulate, (zero_grads, zero_metrics))
       return _optimizer_step(self.optimizer, state, grads, sums)
 
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_shardings = jax.tree.map(lambda v: v.sharding, batch)
     frozen_shardings = jax.tree.map(lambda x: x.sharding, self.frozen)
-    step = jax.jit(update, in_shardings=(shardings, batch_shardings, frozen_shardings),
+    step = jax.jit(update,
+                   in_shardings=(shardings, batch_shardings, self._replicated, frozen_shardings),
                    out_shardings=(shardings, self._replicated), donate_argnums=(0,))
     return _WithFrozen(step, self)
 
   def forward(self, params: nnx.State, tokens_mmt: jax.Array, mask_mmt: jax.Array, *,
-              values: bool = False, prompt_len: int = 0) -> dict[str, jax.Array]:
-    """Forward only, micro-batch by micro-batch: per-token log-probs [M, m, T] of `tokens_mmt`
-    at the loss temperature, and with `values` the prompt values V(x) [M, m]."""
+              values: bool = False, prompt_len: int = 0,
+              count: int | None = None) -> dict[str, jax.Array]:
+    """Forward only, micro-batch by micro-batch over the first `count` of the M (None: all):
+    per-token log-probs [M, m, T] of `tokens_mmt` at the loss temperature, and with `values` the
+    prompt values V(x) [M, m]; zeros in the micro-batches not run."""
+    num_micro = tokens_mmt.shape[0]
+    count = num_micro if count is None else count
     key = (values, prompt_len, tokens_mmt.shape)
     if key not in self._forwards:
       graphdef, temperature = self.graphdef, self.temperature
 
-      def fwd(params, frozen, tokens_mmt, mask_mmt):
-        def one(args):
-          tokens_rt, mask_rt = args
+      def fwd(params, frozen, tokens_mmt, mask_mmt, count):
+        def one(tokens_rt, mask_rt):
           llama = lora.join(graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
             out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
             if values:
               out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
           return out
-        return jax.lax.map(one, (tokens_mmt, mask_mmt))
+
+        # As the update's loop: a trip count read at run time, one program for every count.
+        shapes = jax.eval_shape(one, tokens_mmt[0], mask_mmt[0])
+        outputs = jax.tree.map(lambda s: jnp.zeros((num_micro, *s.shape), s.dtype), shapes)
+
+        def body(index, outputs):
+          take = lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False)
+          out = one(take(tokens_mmt), take(mask_mmt))
+          return jax.tree.map(lambda o, v: jax.lax.dynamic_update_index_in_dim(o, v, index, 0),
+                              outputs, out)
+
+        return jax.lax.fori_loop(0, count, body, outputs)
 
       self._forwards[key] = jax.jit(fwd)
-    return self._forwards[key](params, self.frozen, tokens_mmt, mask_mmt)
+    return self._forwards[key](params, self.frozen, tokens_mmt, mask_mmt, np.int32(count))
 
 
 class _WithFrozen:
-  """A jitted update called as (state, batch), the frozen base passed as its third argument
-  (`Updater.frozen`); `.lower(state, batch)` lowers it the same way."""
+  """A jitted update called as (state, batch, count), the frozen base passed as its last
+  argument (`Updater.frozen`); `.lower(state, batch)` lowers it the same way (for every count)."""
 
   def __init__(self, jitted, updater: Updater):
     self._jitted, self._updater = jitted, updater
 
-  def __call__(self, state, batch):
-    return self._jitted(state, batch, self._updater.frozen)
+  def __call__(self, state, batch, count):
+    return self._jitted(state, batch, np.int32(count), self._updater.frozen)
 
   def lower(self, state, batch):
-    return self._jitted.lower(state, batch, self._updater.frozen)
+    count = jax.ShapeDtypeStruct((), jnp.int32)
+    return self._jitted.lower(state, batch, count, self._updater.frozen)
 
 
 def build_updater(spec: TrainSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh,

@@ -17,7 +17,7 @@ from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
 from ksjax.run.directory import RunDirectory
 from ksjax.trainer import draw as draw_lib
-from ksjax.trainer import learner, metrics, sparse
+from ksjax.trainer import metrics, sparse
 from tests import support
 from tests.trainer import test_run
 
@@ -184,15 +184,14 @@ def test_compilations_are_counted_per_program_with_the_caches_hits():
 
 def _update_shapes(rows: int, shards: int, min_rows: int, micro_batch: int) -> set:
   """The [micro-batches, rows per micro-batch] shapes the update is compiled for, over every
-  number of kept rows (`learner.learn`'s sparse path)."""
-  # pylint: disable=protected-access
-  shapes = set()
+  number of kept rows (`learner.learn`'s sparse path), and the counts it runs of them."""
+  shapes, counts = set(), set()
   for kept in range(1, rows + 1):
-    selection = sparse.select_rows([1.0] * kept + [0.0] * (rows - kept), shards, min_rows)
-    micro = learner._micro_size(len(selection.rows), micro_batch, shards)
-    padded, _ = learner._padded_rows(selection.rows, micro)
-    shapes.add((len(padded) // micro, micro))
-  return shapes
+    selection = sparse.select_rows([1.0] * kept + [0.0] * (rows - kept), shards, min_rows,
+                                   micro_batch)
+    shapes.add((len(selection.rows) // selection.micro, selection.micro))
+    counts.add(selection.count)
+  return shapes, counts
 
 
 def test_the_update_compiles_a_bounded_number_of_row_buckets():
@@ -200,9 +199,10 @@ def test_the_update_compiles_a_bounded_number_of_row_buckets():
   spec = spec_lib.from_config(run_config.smollm2_config())
   rows, min_rows = spec.sampling.rows, spec.loss.sparse_min_rows
   assert (rows, min_rows, spec.loss.micro_batch_size, spec.loss.use_sparse) == (32, 1, 4, True)
-  shapes = _update_shapes(rows, 1, min_rows, spec.loss.micro_batch_size)
-  assert len(shapes) <= math.log2(rows / min_rows) + 1
-  assert shapes == {(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (8, 4)}  # 6 programs per prompt width
+  shapes, counts = _update_shapes(rows, 1, min_rows, spec.loss.micro_batch_size)
+  assert len(shapes) <= math.log2(spec.loss.micro_batch_size / min_rows) + 1
+  assert shapes == {(32, 1), (16, 2), (8, 4)}  # 3 programs per prompt width, whatever is kept
+  assert counts == set(range(1, 9))  # the micro-batches run: ceil(kept / 4), at run time
   # Any sizes: ceil(log2(total / min_rows)) + 1 buckets at most (a total that is not a power of
   # two adds its own); the groups of dynamic sampling are bucketed the same way.
   for total, multiple, min_rows in [(32, 1, 8), (128, 2, 8), (128, 2, 1), (96, 4, 1), (24, 8, 8),

@@ -215,6 +215,44 @@ def test_the_zero_step_is_the_padded_step_it_replaces():
   assert jax.device_get(step_metrics) == jax.device_get(zero_metrics)
 
 
+def test_an_update_runs_its_first_count_micro_batches_and_reads_no_others():
+  """`Updater.step(count=c)` on 4 micro-batches is the step on the first c alone: the two after
+  them are NaN and never reach the state (a NaN read would make the step skip), and one program
+  serves every count."""
+  spec = spec_lib.from_config(_pass_at_k_config())
+  updater, state = make_updater(spec, tiny_llama(), model.make_mesh((1, 1, 1)))
+  batch = fake_rollout(4, 8)
+  rows = np.arange(32)
+  weight = batch.completion_mask_rt.astype(np.float32) / batch.completion_mask_rt.sum()
+  advantage = np.linspace(-1, 1, 32).astype(np.float32)
+  weight[16:], advantage[16:] = np.nan, np.nan  # micro-batches 2 and 3 of 8 rows
+  whole = update.MicroBatch(
+      tokens=batch.tokens_rt[rows], attention_mask=batch.attention_mask_rt[rows],
+      token_weight=weight, behaviour_logp=batch.behaviour_logp_rt[rows], advantage=advantage)
+  first = jax.tree.map(lambda v: v[:16], whole)
+  copy = jax.tree.map(jnp.copy, state)  # each program donates its input
+  counted, counted_metrics = updater.step(state, updater.place(whole.split(8)), batch.prompt_len,
+                                          count=2)
+  alone, alone_metrics = updater.step(copy, updater.place(first.split(8)), batch.prompt_len)
+  assert int(counted.skipped) == 0 and float(counted_metrics["finite"]) == 1
+  assert max_abs_diff(counted.params, alone.params) <= 1e-7
+  np.testing.assert_allclose(float(counted_metrics["loss"]), float(alone_metrics["loss"]),
+                             rtol=1e-6)
+  program = updater.step_program(counted, updater.place(whole.split(8)), batch.prompt_len)
+  programs = len(updater._steps)  # pylint: disable=protected-access
+  skipped = {}
+  for count in (1, 4):
+    after, _ = updater.step(jax.tree.map(jnp.copy, counted), updater.place(whole.split(8)),
+                            batch.prompt_len, count=count)
+    skipped[count] = int(after.skipped)
+  assert skipped == {1: 0, 4: 1}  # reading the NaN micro-batches is what a skip shows
+  assert updater.step_program(counted, updater.place(whole.split(8)),
+                              batch.prompt_len) is program
+  assert len(updater._steps) == programs  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="count=5"):
+    updater.step(counted, updater.place(whole.split(8)), batch.prompt_len, count=5)
+
+
 @pytest.mark.parametrize("overrides", [{}, {"algorithm": "dr_grpo"}, {"is_cap": 2.0},
                                        {"algorithm": "ppo"}, {"kl_coef": 0.1}])
 def test_the_zero_step_reports_the_metrics_a_step_reports(overrides):
@@ -245,17 +283,28 @@ def test_the_zero_step_reports_the_metrics_a_step_reports(overrides):
 def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
   adv = np.zeros(128, np.float32)
   adv[[3, 50, 77]] = [0.5, -1.0, 2.0]
+  # No configured micro-batch (the whole mini-batch): the kept rows fill one of a bucket's size.
   selection = sparse.select_rows(adv, multiple=2)
   assert selection.kept == 3 and list(selection.rows[:3]) == [3, 50, 77]
-  assert len(selection.rows) == 8 and selection.padding.tolist() == [False] * 3 + [True] * 5
+  assert (selection.micro, selection.count, len(selection.rows)) == (8, 1, 128)
+  assert selection.padding.tolist() == [False] * 3 + [True] * 125
   assert {sparse.bucket_rows(kept, 128, 2) for kept in range(129)} == {8, 16, 32, 64, 128}
   # config.sparse_min_rows=1 (a model whose rows cost more than a compilation): from the shards up.
   assert {sparse.bucket_rows(kept, 128, 2, 1) for kept in range(129)} == {2, 4, 8, 16, 32, 64,
                                                                            128}
   small = sparse.select_rows(adv, multiple=2, min_rows=1)
-  assert list(small.rows) == [3, 50, 77, 0] and small.padding.tolist() == [False] * 3 + [True]
+  assert list(small.rows[:4]) == [3, 50, 77, 0] and (small.micro, small.count) == (4, 1)
+  # Micro-batches of 16: 40 kept rows run 3 of the 8, not the 64-row bucket's 4.
+  adv = np.zeros(128, np.float32)
+  adv[np.arange(0, 120, 3)] = 1.0
+  many = sparse.select_rows(adv, multiple=2, micro_batch=16)
+  assert (many.kept, many.micro, many.count, len(many.rows)) == (40, 16, 3, 128)
+  assert list(many.rows[:40]) == list(range(0, 120, 3)) and not many.padding[:40].any()
+  assert many.padding[40:].all()
   dense = sparse.select_rows(np.ones(128), multiple=2)
   assert dense.rows.tolist() == list(range(128)) and not dense.padding.any()
+  every = sparse.every_row(128, 2, micro_batch=16)
+  assert every.rows.tolist() == list(range(128)) and (every.micro, every.count) == (16, 8)
   assert spec_lib.LossSpec(algorithm="ppo").needs_every_row
   assert spec_lib.LossSpec(kl_coef=0.1).needs_every_row
   assert not spec_lib.LossSpec(algorithm="grpo").needs_every_row
