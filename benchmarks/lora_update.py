@@ -1,15 +1,16 @@
 """One optimizer step of full fine-tuning, LoRA and QLoRA side by side, on SmolLM2-135M's shape.
 
     python benchmarks/lora_update.py [--variants=full,lora,qlora_int4] [--rows=32] \
-        [--columns=128] [--micro_batch=4] [--rank=16] [--matmul_dtype=bfloat16] [--repeats=3] \
-        [--num_layers=30]
+        [--columns=128] [--micro_batch=4] [--rank=16] [--targets=all] [--matmul_dtype=bfloat16] \
+        [--repeats=3] [--num_layers=30]
 
 After the CPU line (`ksjax.machine.describe`), jax's version and the allocator line, each variant
 runs in a child process of its own, so that its peak resident memory is its own (the entry points'
 allocator keeps what a process frees), one after the other:
   full        every parameter trains (AdamW on all of them), as the trainer does today;
   lora        rank --rank adapters on every linear layer of the blocks (q/k/v/o, gate/up/down,
-              alpha = rank), the base frozen (`ksjax.model.lora`);
+              alpha = rank; --targets=attention or mlp: on those alone), the base frozen
+              (`ksjax.model.lora`);
   qlora_int8  the same adapters on a base quantized to int8 by qwix;
   qlora_int4  the same adapters on a base quantized to int4 (groups of 64) by qwix.
 The step is the trainer's update itself (`ksjax.trainer.update.Updater`, plain policy gradient)
@@ -47,6 +48,7 @@ sys.path.insert(0, ROOT)
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
                     head_dim=64, intermediate_size=1536, max_position_embeddings=8192,
                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True)
+TARGETS = {"attention": "q/k/v/o", "mlp": "gate/up/down", "all": "q/k/v/o/gate/up/down"}
 VARIANTS = {  # name -> lora.LoraSpec fields (None: full fine-tuning)
     "full": None,
     "lora": dict(quantize_base="none"),
@@ -81,7 +83,7 @@ def child(args) -> None:
   if fields is None:
     graphdef, trainable, frozen = nnx.split(llama, nnx.Param, ...)
   else:
-    spec = lora.LoraSpec(rank=args.rank, alpha=float(args.rank), **fields)
+    spec = lora.LoraSpec(rank=args.rank, alpha=float(args.rank), targets=args.targets, **fields)
     adapted = lora.apply(llama, spec, rngs=nnx.Rngs(1))
     del llama  # the float base, where QLoRA replaced it by the quantized one
     graphdef, trainable, frozen = lora.split(adapted)
@@ -141,6 +143,8 @@ def main() -> None:
   parser.add_argument("--columns", type=int, default=128)
   parser.add_argument("--micro_batch", type=int, default=4)
   parser.add_argument("--rank", type=int, default=16)
+  parser.add_argument("--targets", default="all", choices=("attention", "mlp", "all"),
+                      help="the layers given adapters (the base's others are frozen too)")
   parser.add_argument("--matmul_dtype", default="bfloat16", choices=("float32", "bfloat16"))
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--num_layers", type=int, default=None,
@@ -164,7 +168,7 @@ def main() -> None:
   layers = args.num_layers or SMOLLM2_135M["num_layers"]
   print(f"SmolLM2-135M's shape ({layers} layers), {args.rows} rows x {args.columns} tokens in "
         f"micro-batches of {args.micro_batch}, matmul operands {args.matmul_dtype}, LoRA rank "
-        f"{args.rank} on q/k/v/o/gate/up/down; fastest of {args.repeats} steps", flush=True)
+        f"{args.rank} on {TARGETS[args.targets]}; fastest of {args.repeats} steps", flush=True)
   results = []
   for variant in variants:
     command = [sys.executable, os.path.abspath(__file__), f"--variant={variant}"] + [
