@@ -12,7 +12,12 @@ allocator keeps what a process frees), one after the other:
               alpha = rank; --targets=attention or mlp: on those alone), the base frozen
               (`ksjax.model.lora`);
   qlora_int8  the same adapters on a base quantized to int8 by qwix;
-  qlora_int4  the same adapters on a base quantized to int4 (groups of 64) by qwix.
+  qlora_int4  the same adapters on a base quantized to int4 (groups of 64) by qwix;
+  frozen      no adapters at all: the base frozen as LoRA freezes it (its weight matrices stored
+              in the operand dtype), only the RMSNorm scales training. Its backward still carries
+              the input gradient through every layer but forms no weight gradient, so its step is
+              the floor of any adapter method at this shape: the forward plus the input
+              gradients, what LoRA's step costs without its adapters.
 The step is the trainer's update itself (`ksjax.trainer.update.Updater`, plain policy gradient)
 on --rows x --columns random tokens, every row weighted, accumulated over micro-batches of
 --micro_batch rows (4 is what the SmolLM2 configs use), then one AdamW update of what trains. The model is randomly initialised
@@ -49,8 +54,9 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=
                     head_dim=64, intermediate_size=1536, max_position_embeddings=8192,
                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True)
 TARGETS = {"attention": "q/k/v/o", "mlp": "gate/up/down", "all": "q/k/v/o/gate/up/down"}
-VARIANTS = {  # name -> lora.LoraSpec fields (None: full fine-tuning)
+VARIANTS = {  # name -> lora.LoraSpec fields (None: full fine-tuning; "frozen": no adapters)
     "full": None,
+    "frozen": "frozen",
     "lora": dict(quantize_base="none"),
     "qlora_int8": dict(quantize_base="int8"),
     "qlora_int4": dict(quantize_base="int4"),
@@ -82,6 +88,14 @@ def child(args) -> None:
   fields = VARIANTS[args.variant]
   if fields is None:
     graphdef, trainable, frozen = nnx.split(llama, nnx.Param, ...)
+  elif fields == "frozen":
+    for layer in llama.layers:
+      for module in (layer.self_attn, layer.mlp):
+        for name in lora.ATTENTION_WEIGHTS if module is layer.self_attn else lora.MLP_WEIGHTS:
+          setattr(module, name, nnx.Param(module.weight(name).astype(cfg.operand_dtype)))
+    norms = nnx.All(nnx.Param, nnx.Any(nnx.PathContains("input_layernorm"),
+                                        nnx.PathContains("post_attention_layernorm")))
+    graphdef, trainable, frozen = nnx.split(llama, norms, ...)
   else:
     spec = lora.LoraSpec(rank=args.rank, alpha=float(args.rank), targets=args.targets, **fields)
     adapted = lora.apply(llama, spec, rngs=nnx.Rngs(1))
