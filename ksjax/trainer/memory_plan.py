@@ -587,6 +587,15 @@ def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
   if p.model.param_dtype == "float32":
     out.append(f"bfloat16: config.model.dtype='bfloat16' halves parameters, optimizer state, "
                f"reference and activations (saves about {p.peak / 2 / GIB:.1f} GiB)")
+  if not p.lora.enabled:
+    out.append(f"LoRA: config.lora.rank=16 trains low-rank adapters on a frozen base, so the "
+               f"base has no AdamW moments or gradients and the reference is the base itself "
+               f"(saves most of the optimizer state and the reference, "
+               f"{(p.optimizer + p.reference) / GIB:.1f} GiB, and the base's gradients in the "
+               "update; configs/smollm2_pass_at_k_lora.py is one)")
+  elif p.lora.quantize_base != "int4":
+    out.append(f"QLoRA: config.lora.quantize_base='int4' stores the frozen base "
+               f"({p.frozen / GIB:.1f} GiB now) as 4-bit integers with a scale per 64 values")
   phase = max(p.phases, key=p.phases.get)
   if phase == "update":
     per_row = p.update_activations / s.micro_batch

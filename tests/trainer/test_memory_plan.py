@@ -12,7 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
+from ksjax.run.spec import LoraSpec
 
 from ksjax.model import lora
 from ksjax.run import policy
@@ -136,7 +136,16 @@ def test_check_fits_refuses_a_config_too_large_and_says_what_to_change(tiny_plan
   assert "config.model.dtype='bfloat16'" in message
   assert "micro_batch_size" in message or "batch_prompts" in message
   assert "max_new_tokens" in message  # shorter context
+  assert "config.lora.rank=16" in message  # adapters on a frozen base
   assert planning.check(tiny_plan, device_memory=64 * 2**30) is tiny_plan
+
+
+def test_a_lora_plan_that_does_not_fit_is_advised_a_4_bit_base_and_not_lora_again(tiny_plan):
+  lora_plan = dataclasses.replace(tiny_plan, lora=LoraSpec(rank=8), frozen=tiny_plan.params)
+  advice = " ".join(planning.advice(lora_plan, device_memory=10**6))
+  assert "config.lora.quantize_base='int4'" in advice and "config.lora.rank" not in advice
+  qlora = dataclasses.replace(lora_plan, lora=LoraSpec(rank=8, quantize_base="int4"))
+  assert "config.lora" not in " ".join(planning.advice(qlora, device_memory=10**6))
 
 
 def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
