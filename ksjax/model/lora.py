@@ -175,6 +175,32 @@ def split(llama: Llama) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
   return nnx.split(llama, trainable_filter(llama), ...)
 
 
+def frozen_operands(state: nnx.State, cfg) -> nnx.State:
+  """A frozen copy of parameter `state` (concrete or abstract) with every attention and MLP
+  weight matrix stored in `cfg`'s matmul operand dtype, the other leaves copied as they are.
+
+  Why: a frozen weight matrix is only ever read as a matmul operand, which every product casts
+  to `matmul_dtype` first (`layers.project`, `layers.swiglu`), so stored so it computes the same
+  bits in half of float32's bytes, as `apply` stores LoRA's frozen base. The trainer's reference
+  policy is such a copy (`loop._start_or_resume`), and the memory plan counts it so. The
+  embedding (the tied head's too), norms and value head keep their dtype: the embedding lookup
+  and the norms read them as they are."""
+  operand = jnp.dtype(cfg.operand_dtype)
+  names = set(ATTENTION_WEIGHTS) | set(MLP_WEIGHTS)
+
+  def copy(path, leaf):  # a Variable, or (a pure state's leaf) its value
+    value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+    cast = str(path[-1]) in names and value.dtype != operand
+    if isinstance(value, jax.ShapeDtypeStruct):
+      value = jax.ShapeDtypeStruct(value.shape, operand if cast else value.dtype,
+                                   sharding=value.sharding)
+    else:
+      value = value.astype(operand) if cast else jnp.copy(value)
+    return leaf.replace(value) if isinstance(leaf, nnx.Variable) else value
+
+  return nnx.map_state(copy, state)
+
+
 def join(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State | None = None, *,
          copy: bool = False) -> Llama:
   """`split`'s inverse: the model of `trainable` and, under LoRA, its `frozen` base (None: the

@@ -43,7 +43,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 from flax import nnx
@@ -373,7 +372,7 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
       lora.restore(start_dir, llama)
       return step, state, nnx.state(llama, lora.trainable_filter(llama)), True
     reference, _ = model.load_checkpoint(start_dir, mesh)
-    return step, state, nnx.state(reference), True
+    return step, state, lora.frozen_operands(nnx.state(reference), llama.cfg), True
 
   os.makedirs(run_dir.workdir, exist_ok=True)
   if distributed.is_writer():
@@ -400,7 +399,7 @@ def _start_or_resume(spec: TrainSpec, task, llama, updater, data_iterator, check
     held_out.save(run_dir.held_out_json("start"), result)
     _say(f"start: {held_out.headline(result.metrics, spec.eval.ks)} "
          f"({time.time() - t0:.0f}s)")
-  ref_params = jax.tree.map(jnp.copy, params)
+  ref_params = lora.frozen_operands(params, llama.cfg)  # read only by the reference forward
   return 0, updater.init_state(params, jax.random.PRNGKey(spec.run.seed)), ref_params, False
 
 

@@ -452,7 +452,8 @@ class StateBytes:
   """Per-device bytes of what a run holds throughout."""
   params: int      # the policy's parameters (under LoRA, the frozen base and the adapters)
   optimizer: int   # AdamW's two moments (in the trained parameters' dtype) and step counters
-  reference: int   # the frozen reference policy: a copy of the trained parameters
+  reference: int   # the frozen reference policy: a copy of the trained parameters, its weight
+                   # matrices in the matmul operand dtype (`lora.frozen_operands`)
   frozen: int = 0  # of `params`, the frozen base under LoRA (0 without)
 
 
@@ -488,13 +489,15 @@ def state_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh
   """Parameters, optimizer state and reference per device, exactly, from shapes and shardings.
 
   The optimizer's state is initialised on what trains (`AbstractPolicy.trainable`), and the
-  reference is a copy of it: under LoRA the start's adapters, on the base the policy holds
+  reference is a copy of it, its weight matrices in the matmul operand dtype
+  (`lora.frozen_operands`): under LoRA the start's adapters, on the base the policy holds
   (`loop._start_or_resume`)."""
   held = abstract_policy(spec, cfg, mesh)
   state = held.updater(spec, mesh).abstract_state(held.trainable)
   trained, frozen = device_bytes(held.trainable), device_bytes(held.frozen)
+  reference = device_bytes(lora.frozen_operands(held.trainable, cfg))
   return StateBytes(params=trained + frozen, optimizer=device_bytes(state.opt_state),
-                    reference=trained, frozen=frozen)
+                    reference=reference, frozen=frozen)
 
 
 def sampler_copy_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any) -> int:

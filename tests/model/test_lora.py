@@ -137,6 +137,27 @@ def test_adapters_at_initialisation_compute_the_base_bitwise(targets, matmul_dty
   np.testing.assert_array_equal(logprobs(adapted, TOKENS, MASK), logprobs(base, TOKENS, MASK))
 
 
+@pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
+def test_a_frozen_copy_in_the_operand_dtype_computes_the_same_bits(matmul_dtype):
+  """`lora.frozen_operands`, the trainer's reference policy: its attention and MLP matrices in
+  the operand dtype (half the bytes under bfloat16 operands), the rest as it was, and the same
+  log-probs bit for bit; the abstract form (the memory plan's) has the same dtypes."""
+  base = model.with_config(scaled_base(), matmul_dtype=matmul_dtype)
+  graphdef, state = nnx.split(base)
+  copy = lora.frozen_operands(state, base.cfg)
+  dtypes = {str(p[-1]): v.dtype for p, v in nnx.to_flat_state(copy)}
+  operand = np.dtype(base.cfg.operand_dtype)
+  assert {dtypes[w] for w in lora.TARGETS["all"]} == {operand}
+  assert dtypes["embed_tokens"] == dtypes["scale"] == np.float32
+  abstract = lora.frozen_operands(jax.eval_shape(lambda: state), base.cfg)
+  assert jax.tree.map(lambda v: v.dtype, abstract) == jax.tree.map(lambda v: v.dtype, copy)
+  held = sum(v.nbytes for v in jax.tree.leaves(state))
+  assert sum(v.nbytes for v in jax.tree.leaves(copy)) < held * (0.9 if matmul_dtype else 1.01)
+  np.testing.assert_array_equal(logprobs(nnx.merge(graphdef, copy), TOKENS, MASK),
+                                logprobs(base, TOKENS, MASK))
+  assert all(a is not b for a, b in zip(jax.tree.leaves(copy), jax.tree.leaves(state)))
+
+
 def test_only_the_adapters_get_gradients_and_optimizer_state(base, base_logits):
   """A few AdamW steps on the adapters: the loss falls, the base is untouched, the optimizer
   holds two moments for the adapters and nothing for the base, and the merged model computes

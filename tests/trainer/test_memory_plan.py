@@ -72,6 +72,18 @@ def test_parameters_and_optimizer_state_are_the_hand_counted_bytes():
   assert held.optimizer == 2 * TINY_PARAMS * F32 + 2 * 4
 
 
+def test_under_bfloat16_operands_the_reference_holds_its_matrices_in_bfloat16():
+  # The reference is read only by forward products that cast to the operand dtype
+  # (`lora.frozen_operands`): its attention and MLP matrices take 2 bytes, not 4.
+  config = small_config()
+  config.model.matmul_dtype = "bfloat16"
+  held = planning.state_bytes(spec_of(config), *planning.resolve(spec_of(config),
+                                                                  vocab_size=VOCAB))
+  matrices = 2 * (64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128)  # 2 layers
+  assert held.params == TINY_PARAMS * F32
+  assert held.reference == held.params - matrices * 2
+
+
 def test_fsdp_divides_the_state_by_its_size():
   replicated = small_config(mesh=(8, 1, 1))
   sharded = small_config(mesh=(1, 8, 1))
