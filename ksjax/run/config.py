@@ -128,9 +128,10 @@ def smollm2_config() -> ml_collections.ConfigDict:
   c.eval.ks = (1, 4, 16, 64)
   c.eval.batch_prompts = 2
   # From the time/* split a run logs, before any held-out result was seen: pass@k leave-one-out
-  # keeps few of the 32 rows, and a row's forward and backward cost more than a compilation, so the
-  # kept rows are bucketed from 1; the reference forward serves only the logged KL (there is no KL
-  # penalty), so it runs every 5th step.
+  # keeps few of the 32 rows, and a row's forward and backward cost more than a compilation, so
+  # fewer kept rows than a micro-batch run in a micro-batch bucketed from 1 row (1, 2 or 4: three
+  # update programs; `sparse.layout`); the reference forward serves only the logged KL (there is
+  # no KL penalty), so it runs every 5th step.
   c.sparse_min_rows = 1
   c.kl_every = 5
   # The mean objective keeps most of the 32 rows, and their activations in one gradient outgrow a
