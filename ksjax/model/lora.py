@@ -175,6 +175,15 @@ def split(llama: Llama) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
   return nnx.split(llama, trainable_filter(llama), ...)
 
 
+def base_format(spec: LoraSpec, cfg) -> str:
+  """How the frozen base of a LoRA run is held, in words: its weight matrices quantized by
+  QLoRA, or stored in `cfg`'s matmul operand dtype (`apply`). The trainer's start line and the
+  memory plan both print it."""
+  if spec.quantize_base != "none":
+    return f"weight matrices quantized to {spec.quantize_base}"
+  return f"weight matrices in {cfg.operand_dtype}"
+
+
 def frozen_operands(state: nnx.State, cfg) -> nnx.State:
   """A frozen copy of parameter `state` (concrete or abstract) with every attention and MLP
   weight matrix stored in `cfg`'s matmul operand dtype, the other leaves copied as they are.
@@ -411,5 +420,6 @@ def restore(path: str, llama: Llama) -> None:
 
 __all__ = ["LoraSpec", "TARGETS", "QUANTIZE", "INT4_GROUP", "rule", "apply",
            "is_adapted", "quantize_weight", "trainable_filter", "split", "join", "adapters_off",
+           "base_format", "frozen_operands",
            "training", "merged_weight", "merge", "base_sha256", "base_record", "save",
            "is_adapter_checkpoint", "read_metadata", "load_base", "load", "restore"]

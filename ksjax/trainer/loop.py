@@ -161,11 +161,9 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     lora_base = policy.base_record(spec.model, llama)
     llama = policy.adapt(llama, spec.lora, spec.run.seed)  # QLoRA: the float base is dropped
     graphdef, _, frozen = lora.split(llama)
-    base_format = (f"weight matrices in {llama.cfg.operand_dtype}"
-                   if spec.lora.quantize_base == "none" else spec.lora.quantize_base)
     _say(f"LoRA: rank {spec.lora.rank} on {spec.lora.targets} weights "
          f"({_count(nnx.state(llama, lora.trainable_filter(llama))):,} trainable parameters), "
-         f"frozen base {lora_base['name']} ({base_format})")
+         f"frozen base {lora_base['name']} ({lora.base_format(spec.lora, llama.cfg)})")
   else:
     # The structure alone: a name bound to the loaded parameters would keep them alive beside
     # the train state's copy for the whole run.

@@ -429,11 +429,9 @@ def lora_lines(lora_spec: LoraSpec, cfg: model.LlamaConfig) -> list[str]:
   """The plan's line saying what trains under LoRA (none without)."""
   if not lora_spec.enabled:
     return []
-  base = ("not quantized" if lora_spec.quantize_base == "none"
-          else f"quantized to {lora_spec.quantize_base}")
   trains = "the adapters and the value head train" if cfg.value_head else "the adapters train"
   return [f"LoRA: rank {lora_spec.rank}, alpha {lora_spec.alpha:g}, on {lora_spec.targets} "
-          f"weights; {trains}, the {cfg.param_dtype} base ({base}) is frozen"]
+          f"weights; {trains}, the base is frozen ({lora.base_format(lora_spec, cfg)})"]
 
 
 def state_lines(held: "StateBytes", lora_spec: LoraSpec) -> list[str]:
