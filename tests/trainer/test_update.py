@@ -131,9 +131,20 @@ def test_every_config_validates_and_its_stack_takes_a_step(path):
     assert 0.0 <= metrics["ppo/clip_fraction"] <= 1.0
 
 
+LEARNING_RATE = 1e-2
+# Parameters after AdamW steps whose gradients are the same real numbers summed in another order
+# (sparse against dense rows, micro-batches against the whole batch, two devices against one).
+# AdamW divides each gradient component by its own running magnitude, so a component that is
+# rounding noise in both moves its weight by a share of the learning rate that differs between
+# the two orders and between CPUs (up to 1.2e-5 seen on an AVX2 EPYC at lr 1e-2, under 1e-5 on an
+# AVX-512 Xeon). The bound is 1% of the learning rate; a dropped or doubled row moves the weights
+# it reaches by about the learning rate itself.
+PARAMS_ATOL = 1e-2 * LEARNING_RATE
+
+
 def _pass_at_k_config(**overrides):
   config = tiny(load_config(os.path.join(CONFIG_DIR, "pass_at_k.py")), k=8, **overrides)
-  config.learning_rate = 1e-2
+  config.learning_rate = LEARNING_RATE
   return config
 
 
@@ -146,7 +157,7 @@ def test_sparse_update_equals_dense():
   sparse_ = learn_once(_pass_at_k_config(sparse_updates=True), answer_ids=answers)
   assert dense[2]["update/rows_fraction"] == 1.0
   assert sparse_[2]["update/rows_fraction"] == 2 / 32
-  assert max_abs_diff(dense[1].params, sparse_[1].params) < 1e-5
+  assert max_abs_diff(dense[1].params, sparse_[1].params) < PARAMS_ATOL
   assert max_abs_diff(dense[0], dense[1].params) > 1e-4  # the update did something
   np.testing.assert_allclose(sparse_[2]["loss/total"], dense[2]["loss/total"], rtol=1e-5,
                              atol=1e-7)
@@ -185,7 +196,7 @@ def test_a_sparse_step_without_signal_is_the_dense_step_without_its_backward(alg
   (dense, dense_metrics, _), (sparse_, sparse_metrics, seen) = ends[False], ends[True]
   assert seen == [1, 0]  # the no-signal step ran no forward or backward
   assert sparse_metrics["update/rows_fraction"] == 0
-  assert max_abs_diff(dense.params, sparse_.params) < 1e-5  # as sparse == dense above
+  assert max_abs_diff(dense.params, sparse_.params) < PARAMS_ATOL  # as sparse == dense above
   assert set(dense_metrics) - {"update/rows_fraction"} == (
       set(sparse_metrics) - {"update/rows_fraction"})
 
@@ -316,7 +327,7 @@ def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
 def test_micro_batches_accumulate_to_the_full_batch_gradient():
   whole = learn_once(_pass_at_k_config(baseline="loo_demeaned"))
   micro = learn_once(_pass_at_k_config(baseline="loo_demeaned", micro_batch_size=8))
-  assert max_abs_diff(whole[1].params, micro[1].params) < 1e-5
+  assert max_abs_diff(whole[1].params, micro[1].params) < PARAMS_ATOL
   np.testing.assert_allclose(micro[2]["optim/grad_norm"], whole[2]["optim/grad_norm"], rtol=1e-5)
 
 
@@ -349,7 +360,7 @@ def test_two_device_mesh_gives_the_loss_of_one_device():
   two = learn_once(config, mesh=model.make_mesh((2, 1, 1)))
   np.testing.assert_allclose(two[2]["loss/total"], one[2]["loss/total"], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(two[2]["optim/grad_norm"], one[2]["optim/grad_norm"], rtol=1e-5)
-  assert max_abs_diff(one[1].params, two[1].params) < 1e-5
+  assert max_abs_diff(one[1].params, two[1].params) < PARAMS_ATOL
   shard_devices = {s.device for s in jax.tree.leaves(two[1].params)[0].addressable_shards}
   assert len(shard_devices) == 2
 
