@@ -1,7 +1,8 @@
 """A run's peak resident memory against its memory plan, under each allocator setting.
 
     python benchmarks/peak_memory.py [--config=configs/smollm2_mean.py] [--steps=4]
-                                     [--variants=auto,off,threshold] [--prompt_len=128]
+                                     [--variants=auto,off,threshold,cached] [--prompt_len=128]
+                                     [--matmul_dtype=float32|bfloat16]
 
 In one run, after the CPU line (`ksjax.machine.describe`): the memory plan's per-device peak
 (`python -m ksjax.tools.plan`, what the buffers need), then the trainer itself for --steps RL
@@ -15,7 +16,14 @@ and the share of rows it kept. The variants:
   threshold  glibc on huge pages with a fixed 1 MiB mmap threshold
              (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576): every large buffer is mapped
              on allocation and handed back on free, so the resident memory follows the live
-             buffers instead of what the allocator keeps for reuse.
+             buffers instead of what the allocator keeps for reuse;
+  cached     auto, with every program read back from a persistent compilation cache that a first,
+             unmeasured run of the same config filled: what XLA's compiler holds while it
+             compiles (the first step compiles the sampler and the update) is the gap between
+             auto and cached. The other variants run without a cache, so each compiles as a first
+             run on a new machine does.
+--matmul_dtype overrides the config's operand dtype (on a CPU without bfloat16 dot instructions
+XLA converts bfloat16 operands to float32 copies, which the peak holds too).
 The gap between the plan and `threshold` is what the plan misses (runtime, programs, copies); the
 gap between `threshold` and `auto` is the allocator's retention, bought for speed (the update's
 seconds show its price). Every variant samples the same completions (same seed, same machine),
@@ -38,35 +46,45 @@ from ksjax import machine  # noqa: E402  pylint: disable=wrong-import-position
 
 VARIANTS = {
     "auto": {},
+    "cached": {},
     "off": {"KSJAX_MALLOC": "off"},
     "threshold": {"KSJAX_MALLOC": "glibc",
                   "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"},
 }
 
 
-def _plan_peak(config: str, prompt_len: int, out: str) -> float:
+def _plan_peak(config: str, prompt_len: int, out: str, overrides: list[str]) -> float:
   """The memory plan's per-device peak, GiB."""
   path = os.path.join(out, "plan.json")
   subprocess.run([sys.executable, "-m", "ksjax.tools.plan", f"--config={config}",
-                  f"--prompt_len={prompt_len}", f"--json_out={path}"], check=True, cwd=ROOT,
-                 stdout=subprocess.DEVNULL)
+                  f"--prompt_len={prompt_len}", f"--json_out={path}", *overrides],
+                 check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
   with open(path) as f:
     plan = json.load(f)
   return plan["peak"] / 2**30
 
 
-def _run(config: str, steps: int, variant: str, out: str) -> list[dict]:
-  """The step log of `steps` RL steps of `config` under `variant`'s allocator."""
-  workdir = os.path.join(out, variant)
+def _run(config: str, steps: int, variant: str, out: str, overrides: list[str]) -> list[dict]:
+  """The step log of `steps` RL steps of `config` under `variant`'s allocator and cache."""
   env = {k: v for k, v in os.environ.items() if k not in ("KSJAX_MALLOC", "GLIBC_TUNABLES")}
   env.update(VARIANTS[variant])
+  env["KSJAX_COMPILATION_CACHE"] = "off"
+  if variant == "cached":
+    env["KSJAX_COMPILATION_CACHE"] = os.path.join(out, "compilation_cache")
+    _train(config, steps, os.path.join(out, "cache_filling_run"), env, overrides)
+  workdir = os.path.join(out, variant)
+  _train(config, steps, workdir, env, overrides)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _train(config: str, steps: int, workdir: str, env: dict, overrides: list[str]) -> None:
   subprocess.run([sys.executable, "-m", "ksjax.main", f"--config={config}",
                   f"--config.workdir={workdir}", f"--config.num_steps={steps}",
                   "--config.eval.at_start=False", "--config.eval.at_end=False",
-                  "--config.progress_bar=False", f"--config.checkpoint_every={steps}"],
+                  "--config.progress_bar=False", f"--config.checkpoint_every={steps}",
+                  *overrides],
                  check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def main() -> None:
@@ -74,6 +92,8 @@ def main() -> None:
   parser.add_argument("--config", default="configs/smollm2_mean.py")
   parser.add_argument("--steps", type=int, default=4)
   parser.add_argument("--variants", default="auto,off,threshold")
+  parser.add_argument("--matmul_dtype", choices=("float32", "bfloat16"), default=None,
+                      help="the matmul operand dtype (default: the config's)")
   parser.add_argument("--prompt_len", type=int, default=128,
                       help="the plan's longest prompt, tokens (the arithmetic prompts fit 128)")
   args = parser.parse_args()
@@ -82,15 +102,18 @@ def main() -> None:
   if unknown:
     sys.exit(f"--variants: {unknown[0]!r} is not accepted; expected some of "
              f"{', '.join(VARIANTS)}")
+  overrides = ([f"--config.model.matmul_dtype={args.matmul_dtype}"] if args.matmul_dtype
+               else [])
   print(f"machine: {machine.describe()}")
   with tempfile.TemporaryDirectory() as out:
-    planned = _plan_peak(args.config, args.prompt_len, out)
-    print(f"{args.config}, {args.steps} steps; the memory plan's peak: {planned:.2f} GiB\n")
+    planned = _plan_peak(args.config, args.prompt_len, out, overrides)
+    print(f"{args.config} {' '.join(overrides)}, {args.steps} steps; the memory plan's peak: "
+          f"{planned:.2f} GiB\n")
     print("| variant | peak RSS after each step, GiB | peak / plan | update s per step | "
           "rows kept |")
     print("|---|---|---|---|---|")
     for variant in variants:
-      lines = _run(args.config, args.steps, variant, out)
+      lines = _run(args.config, args.steps, variant, out, overrides)
       peaks = [line["memory/peak_rss_gib"] for line in lines]
       updates = ", ".join(f"{line['time/update']:.1f}" for line in lines)
       kept = ", ".join(f"{line['update/rows_fraction']:.2f}" for line in lines)

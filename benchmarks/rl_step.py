@@ -44,10 +44,11 @@ Where the sides run as their users would run them, and so differ:
     callback times each optimizer step from `on_step_begin` to `on_step_end`, which holds TRL's
     generation, reward and update; the model's `generate` and the reward function are timed
     inside it for TRL's split.
-  * Precision, each at its best on this CPU: ksjax the configs' float32 weights with bfloat16
-    matmul operands; TRL `bf16=True` (float32 weights, bfloat16 autocast) where the CPU has
-    bfloat16 dot instructions (amx_bf16 or avx512_bf16), else float32. --float32 runs both in
-    float32.
+  * Precision, each at its best on this CPU: where the CPU has bfloat16 dot instructions
+    (amx_bf16 or avx512_bf16), ksjax the configs' float32 weights with bfloat16 matmul operands
+    and TRL `bf16=True` (float32 weights, bfloat16 autocast); elsewhere both in float32 (without
+    them XLA and torch emulate bfloat16 products, slower than float32 ones). --float32 runs both
+    in float32 everywhere.
 
 Step 1 of each side compiles (ksjax) or warms up (torch); the figures are steps 2 onwards: the
 median and the total seconds per step, generated tokens per step (completion tokens with their
@@ -112,7 +113,7 @@ def ksjax_flags(workdir: str, steps: int, float32: bool) -> list[str]:
            "--config.eval.at_start=False", "--config.eval.at_end=False",
            "--config.lr_warmup_steps=0", "--config.progress_bar=False",
            f"--config.checkpoint_every={steps}"]
-  if float32:
+  if not best_bf16(float32):
     flags.append("--config.model.matmul_dtype=float32")
   return flags
 
@@ -278,9 +279,9 @@ class PhaseClock:
     return seconds
 
 
-def trl_bf16(float32: bool) -> bool:
-  """TRL's best precision here: bf16 mixed precision where bfloat16 dot instructions exist (the
-  same test as the trainer's log note on bfloat16 operands)."""
+def best_bf16(float32: bool) -> bool:
+  """Each side's best precision here: bfloat16 products where bfloat16 dot instructions exist
+  (the same test as the trainer's log note on bfloat16 operands), float32 elsewhere."""
   return not float32 and machine.bfloat16_operand_note("bfloat16", "cpu") is None
 
 
@@ -315,7 +316,7 @@ def run_trl(steps: int, float32: bool, threads: int, micro_batch: int | None) ->
   micro_batch = micro_batch or config.micro_batch_size or rows
   if rows % micro_batch:
     raise SystemExit(f"--trl_micro_batch={micro_batch} does not divide the {rows} rows of a step")
-  bf16 = trl_bf16(float32)
+  bf16 = best_bf16(float32)
   print(f"[trl] GRPOTrainer, transformers generate, bf16={bf16}, micro-batches of {micro_batch} "
         f"rows, torch threads {torch.get_num_threads()}; {allocator.allocator_line()}",
         flush=True)
@@ -488,9 +489,9 @@ def main() -> None:
         f"temperature 1, lr 1e-5, beta 0; {args.steps} steps per side, step 1 not timed")
   print(f"cpu: {machine.describe()}; {threads} threads each side; {load_line()} at start")
   print(f"versions: {versions()}")
-  print("precision: ksjax " + ("float32" if args.float32 else
-                               "float32 weights, bfloat16 matmul operands (the configs')")
-        + f"; TRL bf16={trl_bf16(args.float32)}; ksjax compilation cache "
+  print("precision: ksjax " + ("float32 weights, bfloat16 matmul operands (the configs')"
+                               if best_bf16(args.float32) else "float32")
+        + f"; TRL bf16={best_bf16(args.float32)}; ksjax compilation cache "
         f"{args.compilation_cache}; ksjax "
         f"{allocator.allocator_line(allocator.malloc_environment() or os.environ)}")
   if args.trl and not run_trl_side:
