@@ -48,7 +48,6 @@ def test_overrides_name_fields_of_the_configs(bench, name, float32):
     assert value
 
 
-
 @pytest.mark.parametrize("units", [True, False])
 def test_both_sides_run_at_one_precision_chosen_by_the_cpu(bench, monkeypatch, units):
   """Where the CPU has bfloat16 dot instructions both sides multiply bfloat16 operands (the
@@ -60,6 +59,7 @@ def test_both_sides_run_at_one_precision_chosen_by_the_cpu(bench, monkeypatch, u
   assert bench.best_bf16(float32=False) == units
   assert not bench.best_bf16(float32=True)
   assert "--config.model.matmul_dtype=float32" in bench.ksjax_flags("/tmp/run", 6, float32=True)
+
 
 def test_both_configs_draw_the_same_batches(bench):
   """TRL's one prompt stream stands for both ksjax runs: their configs differ only in the

@@ -60,10 +60,10 @@ def test_the_task_renders_the_checkpoints_chat_template_and_stops_on_its_end_of_
 @needs_wheel
 @pytest.mark.slow
 def test_two_rl_steps_on_the_real_model_then_resume_and_evaluate(tmp_path):
-  """Slow: two processes each compile SmolLM2's sampler, update and evaluation programs (193 s of
-  a quiet 2-core AVX2 EPYC, the suite's longest test by twice; with it the default suite came
-  within a minute of CI's 20 once installed). The same path at the tiny model's size is the
-  default suite's (tests/trainer/test_run.py); the real model's parts each are too (its GGUF
+  """Slow: two processes each compile SmolLM2's sampler, update and evaluation programs, the
+  suite's longest test by twice (docs/benchmarks.md, "The test suite": with it the default suite
+  came too near CI's limit on a 2-core AVX2 machine). The same path at the tiny model's size is
+  the default suite's (tests/trainer/test_run.py); so are the real model's parts (its GGUF
   against transformers, its chat template, bfloat16 operands, the rl_step benchmark's prompts)."""
   workdir = tmp_path / "run"
   first = _main(workdir, "--config.eval.at_end=False")
