@@ -654,7 +654,7 @@ def matched_step_lines(data: dict, rows: list[dict], seeds) -> list[str]:
            f"{a['cpu_minutes']:.1f} and {b['cpu_minutes']:.1f} CPU-minutes")
     micro = ("" if a["micro_batch_size"] == b["micro_batch_size"] else
              f"; micro-batches of {a['micro_batch_size']} and {b['micro_batch_size']} rows "
-             "(the order of a sum only; the repository's README shows that alone moving a "
+             "(the order of a sum only; docs/results.md shows that alone moving a "
              "30-step mean run's pass@4)")
     c4 = row["comparisons"]["pass@4"]
     lines.append(f"- {row['label']}: the pass@k run at {a['commit'][:7]}, the mean run at "
