@@ -158,7 +158,7 @@ def test_sparse_update_equals_dense():
   assert dense[2]["update/rows_fraction"] == 1.0
   assert sparse_[2]["update/rows_fraction"] == 2 / 32
   assert max_abs_diff(dense[1].params, sparse_[1].params) < PARAMS_ATOL
-  assert max_abs_diff(dense[0], dense[1].params) > 1e-4  # the update did something
+  assert max_abs_diff(dense[0], dense[1].params) > 10 * PARAMS_ATOL  # the update moved far more
   np.testing.assert_allclose(sparse_[2]["loss/total"], dense[2]["loss/total"], rtol=1e-5,
                              atol=1e-7)
 
