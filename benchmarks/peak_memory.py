@@ -2,7 +2,7 @@
 
     python benchmarks/peak_memory.py [--config=configs/smollm2_mean.py] [--steps=4]
                                      [--variants=auto,off,threshold,cached] [--prompt_len=128]
-                                     [--matmul_dtype=float32|bfloat16]
+                                     [--matmul_dtype=float32|bfloat16] [--checkpoint_every=N]
 
 In one run, after the CPU line (`ksjax.machine.describe`): the memory plan's per-device peak
 (`python -m ksjax.tools.plan`, what the buffers need), then the trainer itself for --steps RL
@@ -28,6 +28,8 @@ The gap between the plan and `threshold` is what the plan misses (runtime, progr
 gap between `threshold` and `auto` is the allocator's retention, bought for speed (the update's
 seconds show its price). Every variant samples the same completions (same seed, same machine),
 so their steps keep the same rows. Peaks are per process: the reward workers are not counted.
+A checkpoint is saved every --checkpoint_every steps (default: once, after the last step, whose
+save the step log no longer sees); the decisive study saves every 4 of its 12 steps.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ def _plan_peak(config: str, prompt_len: int, out: str, overrides: list[str]) -> 
   return plan["peak"] / 2**30
 
 
-def _run(config: str, steps: int, variant: str, out: str, overrides: list[str]) -> list[dict]:
-  """The step log of `steps` RL steps of `config` under `variant`'s allocator and cache."""
+def _run(config: str, steps: int, variant: str, out: str,
+         overrides: list[str]) -> tuple[list[dict], float]:
+  """The step log of `steps` RL steps of `config` under `variant`'s allocator and cache, and the
+  whole run's peak (GiB)."""
   env = {k: v for k, v in os.environ.items() if k not in ("KSJAX_MALLOC", "GLIBC_TUNABLES")}
   env.update(VARIANTS[variant])
   env["KSJAX_COMPILATION_CACHE"] = "off"
@@ -73,18 +77,24 @@ def _run(config: str, steps: int, variant: str, out: str, overrides: list[str]) 
     env["KSJAX_COMPILATION_CACHE"] = os.path.join(out, "compilation_cache")
     _train(config, steps, os.path.join(out, "cache_filling_run"), env, overrides)
   workdir = os.path.join(out, variant)
-  _train(config, steps, workdir, env, overrides)
+  whole = _train(config, steps, workdir, env, overrides)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in f if line.strip()], whole
 
 
-def _train(config: str, steps: int, workdir: str, env: dict, overrides: list[str]) -> None:
-  subprocess.run([sys.executable, "-m", "ksjax.main", f"--config={config}",
-                  f"--config.workdir={workdir}", f"--config.num_steps={steps}",
-                  "--config.eval.at_start=False", "--config.eval.at_end=False",
-                  "--config.progress_bar=False", f"--config.checkpoint_every={steps}",
-                  *overrides],
-                 check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+def _train(config: str, steps: int, workdir: str, env: dict, overrides: list[str]) -> float:
+  """Trains; returns the process's whole-run peak resident memory in GiB (the kernel's
+  ru_maxrss, which also sees the saves after the last step's log line and the forked reward
+  workers)."""
+  child = subprocess.Popen([sys.executable, "-m", "ksjax.main", f"--config={config}",
+                            f"--config.workdir={workdir}", f"--config.num_steps={steps}",
+                            "--config.eval.at_start=False", "--config.eval.at_end=False",
+                            "--config.progress_bar=False", *overrides],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+  _, status, usage = os.wait4(child.pid, 0)
+  if os.waitstatus_to_exitcode(status):
+    raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), child.args)
+  return usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024) / 2**30  # KiB on Linux
 
 
 def main() -> None:
@@ -94,6 +104,8 @@ def main() -> None:
   parser.add_argument("--variants", default="auto,off,threshold")
   parser.add_argument("--matmul_dtype", choices=("float32", "bfloat16"), default=None,
                       help="the matmul operand dtype (default: the config's)")
+  parser.add_argument("--checkpoint_every", type=int, default=None,
+                      help="steps between checkpoints (default: --steps, one save at the end)")
   parser.add_argument("--prompt_len", type=int, default=128,
                       help="the plan's longest prompt, tokens (the arithmetic prompts fit 128)")
   args = parser.parse_args()
@@ -104,21 +116,22 @@ def main() -> None:
              f"{', '.join(VARIANTS)}")
   overrides = ([f"--config.model.matmul_dtype={args.matmul_dtype}"] if args.matmul_dtype
                else [])
+  overrides.append(f"--config.checkpoint_every={args.checkpoint_every or args.steps}")
   print(f"machine: {machine.describe()}")
   with tempfile.TemporaryDirectory() as out:
     planned = _plan_peak(args.config, args.prompt_len, out, overrides)
     print(f"{args.config} {' '.join(overrides)}, {args.steps} steps; the memory plan's peak: "
           f"{planned:.2f} GiB\n")
-    print("| variant | peak RSS after each step, GiB | peak / plan | update s per step | "
-          "rows kept |")
-    print("|---|---|---|---|---|")
+    print("| variant | peak RSS after each step, GiB | whole run | whole / plan | "
+          "update s per step | rows kept |")
+    print("|---|---|---|---|---|---|")
     for variant in variants:
-      lines = _run(args.config, args.steps, variant, out, overrides)
+      lines, whole = _run(args.config, args.steps, variant, out, overrides)
       peaks = [line["memory/peak_rss_gib"] for line in lines]
       updates = ", ".join(f"{line['time/update']:.1f}" for line in lines)
       kept = ", ".join(f"{line['update/rows_fraction']:.2f}" for line in lines)
-      print(f"| {variant} | {', '.join(f'{p:.2f}' for p in peaks)} | "
-            f"{peaks[-1] / planned:.2f} | {updates} | {kept} |",
+      print(f"| {variant} | {', '.join(f'{p:.2f}' for p in peaks)} | {whole:.2f} | "
+            f"{whole / planned:.2f} | {updates} | {kept} |",
             flush=True)
 
 
