@@ -35,6 +35,7 @@ that fails its checksums (`checkpoints.check_shapes`); outside watch mode that i
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -50,7 +51,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
-from ksjax.model import lora
+from ksjax.model import logprobs, lora
 from ksjax.run import checkpoints, policy, scoring
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory, locate
@@ -150,8 +151,9 @@ class Evaluator:
   cfg: model.LlamaConfig
   mesh: jax.sharding.Mesh
   output_dir: str
-  # `fn(tokens_rt, mask_rt) -> logp_rt` of config.kl_reference (None: no KL).
-  reference_logprobs: Callable[[Any, Any], jax.Array] | None = None
+  # `fn(tokens_rt, mask_rt, prompt_len) -> logp_rn` of config.kl_reference: the completions'
+  # log-probs (None: no KL).
+  reference_logprobs: Callable[[Any, Any, int], jax.Array] | None = None
   # Under LoRA (config.run.lora), the run's frozen base with its adapters (`lora_base`).
   base: LoraBase | None = None
 
@@ -229,14 +231,16 @@ class Evaluator:
     n, m = s.num_samples, s.kl_samples
     g = out.tokens.shape[0] // n
     rows = (np.arange(g)[:, None] * n + np.arange(m)[None, :]).reshape(-1)
-    # Every call has batch_prompts x kl_samples rows, rounded up to the batch shards (a short
-    # last chunk repeats its first row), so the forward compiles once per prompt width.
+    # Every call has the same number of problems, at least batch_prompts, each with its
+    # kl_samples rows (a short last chunk repeats its first problem's), and a row count that
+    # splits over the batch shards, so the forward compiles once per prompt width; the reference
+    # runs each problem's prompt once for its rows (`logprobs.continuation_logprobs`).
     shards = model.sharding.batch_shards(self.mesh)
-    size = -(-s.batch_prompts * m // shards) * shards
-    padded = np.concatenate([rows, np.full(size - len(rows), rows[0])])
+    step = shards // math.gcd(m, shards)
+    padded = np.concatenate([rows, np.tile(rows[:m], -(-s.batch_prompts // step) * step - g)])
     tokens_rt, mask_rt = (np.asarray(v)[padded] for v in out.sequences())
     t = np.asarray(out.prompt_tokens).shape[1]
-    ref_logp_rn = np.asarray(self.reference_logprobs(tokens_rt, mask_rt))[:len(rows), t:]
+    ref_logp_rn = np.asarray(self.reference_logprobs(tokens_rt, mask_rt, t))[:len(rows)]
     new_tokens = np.asarray(out.tokens).shape[1]
     mask_rn = np.arange(new_tokens)[None, :] < np.asarray(out.lengths)[rows][:, None]
     k1_r, k3_r = scoring.kl_per_completion(np.asarray(out.logprobs)[rows], ref_logp_rn, mask_rn)
@@ -297,7 +301,7 @@ def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfi
   what = (f"config.kl_reference={s.kl_reference!r}"
           + (f" (the run's start policy, {path})" if s.kl_reference == "start" else ""))
   reference = load_policy(path, what, cfg, mesh, base)
-  return model.sharded_token_logprobs(reference, mesh)
+  return logprobs.sharded_continuation_logprobs(reference, mesh, s.kl_samples)
 
 
 def load_policy(path: str, what: str, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,

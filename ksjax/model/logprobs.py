@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ksjax.model import layers, sharding
+from ksjax.model.llama import default_positions, init_cache
 
 # Without a `seq_chunk`, a sequence chunk takes about CHUNK_ROWS positions of all B rows together.
 # With slices of DEFAULT_VOCAB_CHUNK columns, each step's float32 logits block ([1024, 2048], 8
@@ -300,6 +301,64 @@ def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | N
   logp_bt = jnp.concatenate([pad, jnp.where(keep_bn, logp_bn, 0.0)], axis=1)
   ent_bt = jnp.concatenate([pad, jnp.where(keep_bn, ent_bn, 0.0)], axis=1)
   return logp_bt, ent_bt
+
+
+def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, prompt_len: int,
+                          group: int) -> jax.Array:
+  """`token_logprobs(llama, tokens, mask)[0][:, prompt_len:]` (temperature 1) for rows that come
+  in groups sharing one prompt, each prompt run once: float32 log-probs [B, N] of the completions.
+
+  Rows g * group .. g * group + group - 1 hold the same left-padded prompt in columns
+  [0, prompt_len) (the caller's contract; not checked) and their own completions after it, as
+  `SampleOutput.sequences` lays a sampler call out. The prompts, [B / group, T], go through the
+  model once into a KV cache (`Llama.hidden_cached`, as the sampler's prefill); the cache is
+  repeated to the group's rows, and the completions, [B, N], go through once more over it. So the
+  weights see B / group * T + B * N positions instead of B * (T + N), and the head only the
+  completions' (and each prompt's last). Why: the evaluation's KL scores every sample of a
+  problem against a reference, and with its 16 samples per problem and the arithmetic prompts
+  longer than their answers, the full forward spent most of its time recomputing each prompt.
+
+  The same sums in another order: equal to the full forward within float32 rounding (tested).
+  """
+  b, total = tokens_bt.shape
+  if b % group:
+    raise ValueError(f"{b} rows do not come in groups of {group}")
+  t, n = prompt_len, total - prompt_len
+  prompt_pt, pmask_pt = tokens_bt[::group, :t], mask_bt[::group, :t].astype(bool)
+  p = prompt_pt.shape[0]
+  positions_pt = default_positions(pmask_pt)
+  cache = init_cache(llama.cfg, p, total)
+  kv_mask_ps = jnp.concatenate([pmask_pt, jnp.zeros((p, n), bool)], axis=1)
+  hidden_ptd, cache = llama.hidden_cached(prompt_pt, positions_pt, cache, jnp.int32(0), kv_mask_ps)
+  repeat = lambda x: jnp.repeat(x, group, axis=0)
+  completion_bn, mask_bs = tokens_bt[:, t:], mask_bt.astype(bool)
+  # Completion token j sits at position (the prompt's length) + j, as in `default_positions` of
+  # the whole row and in the sampler.
+  positions_bn = repeat(positions_pt[:, -1:] + 1) + jnp.arange(n, dtype=jnp.int32)[None, :]
+  hidden_bnd, _ = llama.hidden_cached(completion_bn, positions_bn, jax.tree.map(repeat, cache),
+                                      jnp.int32(t), mask_bs)
+  # Token j is predicted by the position before it: the prompt's last for j = 0.
+  before_bnd = jnp.concatenate([repeat(hidden_ptd[:, -1:]), hidden_bnd[:, :-1]], axis=1)
+  w, vocab_axis = llama.head_weight()
+  logp_bn, _ = chunked_logprobs(before_bnd, w, vocab_axis, completion_bn,
+                                operand_dtype=llama.cfg.operand_dtype)
+  keep_bn = mask_bs[:, t:] & mask_bs[:, t - 1:-1]  # as token_logprobs' keep
+  return jnp.where(keep_bn, logp_bn, 0.0)
+
+
+def sharded_continuation_logprobs(llama, mesh: jax.sharding.Mesh, group: int):
+  """A jitted `fn(tokens_bt, attention_mask_bt, prompt_len) -> logp_bn`: `continuation_logprobs`
+  with the shardings of `sharding.sharded_apply`, compiled once per prompt width."""
+  programs = {}
+
+  def fn(tokens_bt, mask_bt, prompt_len: int):
+    if prompt_len not in programs:
+      programs[prompt_len] = sharding.sharded_apply(
+          llama, mesh, lambda m, tokens, mask: continuation_logprobs(m, tokens, mask, prompt_len,
+                                                                     group),
+          jax.sharding.PartitionSpec(sharding.BATCH, None))
+    return programs[prompt_len](tokens_bt, mask_bt)
+  return fn
 
 
 def sharded_token_logprobs(llama, mesh: jax.sharding.Mesh):

@@ -98,3 +98,48 @@ def test_128k_vocabulary_never_holds_the_full_logits():
   # ... while the direct computation needs at least the full logits.
   direct = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, tokens).compile()
   assert direct.memory_analysis().output_size_in_bytes >= full_logits
+
+
+def _groups(vocab, prompts, group, t, n, seed=0):
+  """Rows in groups of `group` sharing a left-padded prompt (prompt i: t - 2 i real tokens) in
+  columns [0, t), and their own completions of 0 .. n tokens, as a sampler call lays them out."""
+  rng = np.random.RandomState(seed)
+  prompt = rng.randint(0, vocab, (prompts, t))
+  pmask = np.arange(t)[None] >= 2 * np.arange(prompts)[:, None]
+  tokens = np.concatenate([np.repeat(prompt, group, 0), rng.randint(0, vocab, (prompts * group, n))],
+                          axis=1)
+  lengths = rng.randint(0, n + 1, prompts * group)
+  lengths[0] = n  # one row fills every column
+  mask = np.concatenate([np.repeat(pmask, group, 0), np.arange(n)[None] < lengths[:, None]], axis=1)
+  return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask), lengths
+
+
+@pytest.mark.parametrize("tied,prompts,group,t,n", [
+    (True, 3, 4, 9, 6),    # SmolLM2's tied head; prompts of 9, 7 and 5 tokens
+    (False, 2, 1, 5, 8),   # a group of one: each row its own prompt
+    (True, 1, 8, 12, 1),   # one prompt, one completion token
+])
+def test_continuation_logprobs_equal_the_full_forward(tied, prompts, group, t, n):
+  cfg = model.preset("tiny", tie_embeddings=tied)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(2))
+  tokens, mask, lengths = _groups(cfg.vocab_size, prompts, group, t, n)
+  full = nnx.jit(lambda m, x, k: model.token_logprobs(m, x, k)[0])(llama, tokens, mask)[:, t:]
+  shared = nnx.jit(lambda m, x, k: logprobs.continuation_logprobs(m, x, k, t, group))(
+      llama, tokens, mask)
+  assert shared.shape == (prompts * group, n) and shared.dtype == jnp.float32
+  # The same sums in another order (the prompt's keys read from a cache): float32 rounding of
+  # log-probs around -log(V) = -5.5, far below what a wrong position or prompt would move them.
+  np.testing.assert_allclose(shared, full, atol=1e-4, rtol=0)
+  assert float(jnp.abs(shared).min(initial=1.0, where=np.arange(n)[None] < lengths[:, None])) > 0
+  assert float(jnp.abs(jnp.where(np.arange(n)[None] >= lengths[:, None], shared, 0)).max()) == 0
+  # It reads the prompt: another prompt for group 0 changes its rows' log-probs.
+  other = tokens.at[:group, t - 1].set((tokens[0, t - 1] + 1) % cfg.vocab_size)
+  moved = logprobs.continuation_logprobs(llama, other, mask, t, group)
+  assert float(jnp.abs(moved[:group] - shared[:group]).max()) > 1e-3
+
+
+def test_continuation_logprobs_reject_rows_that_are_not_whole_groups():
+  cfg = model.preset("tiny")
+  tokens, mask, _ = _groups(cfg.vocab_size, 2, 3, 4, 2)
+  with pytest.raises(ValueError, match="groups of 4"):
+    logprobs.continuation_logprobs(model.Llama(cfg, rngs=nnx.Rngs(0)), tokens, mask, 4, 4)
