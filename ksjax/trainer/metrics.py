@@ -2,8 +2,8 @@
 
 `MetricsWriter` writes every step's scalars to `<workdir>/metrics.jsonl` (one JSON object per
 line, `{"step": s, "name": value, ...}`) and to TensorBoard event files in `<workdir>/tensorboard`
-(tensorboardX, no TensorFlow, and no PyTorch: `_summary_writer`). On resume the JSONL is cut back to the restored step, so a run
-killed and resumed has each step once. Only JAX process 0 writes.
+(tensorboardX, no TensorFlow, and no PyTorch: `_summary_writer`). On resume the JSONL is cut back
+to the restored step, so a run killed and resumed has each step once. Only JAX process 0 writes.
 
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
@@ -183,10 +183,11 @@ def _summary_writer(logdir: str):
   """tensorboardX's SummaryWriter, imported without PyTorch.
 
   tensorboardX imports torch whenever it is installed (only to accept torch tensors, which ksjax
-  never passes), and researchers' environments usually have it: that import cost the trainer
-  about 0.17 GiB of resident memory for the whole run and 2-3 s at start-up. So torch is hidden
-  from tensorboardX's first import, unless this process has already imported torch itself (a
-  test comparing against it), which is then left as it is.
+  never passes), and researchers' environments usually have it: the trainer then held PyTorch in
+  its resident memory for the whole run and waited for its import at start-up (the figures:
+  docs/benchmarks.md, "A run's peak memory"). So torch is hidden from tensorboardX's first
+  import, unless this process has already imported torch itself (a test comparing against it),
+  which is then left as it is.
   """
   hide = "torch" not in sys.modules
   if hide:
