@@ -306,8 +306,11 @@ def run_study(d: Design, runs_dir: str, out: str, arms, seeds) -> None:
     for which, steps in needed(d, arm, last).items():
       have = records(eval_dir(runs_dir, name, which))
       start = not os.path.isfile(start_path(out, which)) and 0 not in have
-      if start or any(step not in have for step in steps):
-        evaluate(d, runs_dir, name, which, steps, include_start=start)
+      # Only the checkpoints without a record: an evaluation stopped part-way (a session's end)
+      # keeps the checkpoints it finished, each sampled with the same seed as in one call.
+      missing = [step for step in steps if step not in have]
+      if start or missing:
+        evaluate(d, runs_dir, name, which, missing or steps, include_start=start)
     publish(d, runs_dir, out, name, arm, seed)
     rms.prune_checkpoints(runs_dir, name)
 

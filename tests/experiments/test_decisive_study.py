@@ -339,6 +339,41 @@ def test_runs_resume_from_what_was_published_and_the_start_is_evaluated_once(
   assert "warning: seed 0's published runs ran on ['cpu A']" in capsys.readouterr().out
 
 
+def test_an_evaluation_stopped_part_way_keeps_the_checkpoints_it_finished(
+    study, registered, tmp_path, monkeypatch):
+  """A session's end kills the eval binary between checkpoints: the next call evaluates only the
+  checkpoints without a record (each is sampled with the same seed whatever the call)."""
+  _, d = registered
+  runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
+  evaluated = []
+
+  def evaluate(d_, runs_dir, name, which, steps, *, include_start):
+    evaluated.append((name, which, tuple(steps), include_start))
+    for step in [0] * include_start + list(steps):
+      if len(evaluated) == 1 and step == 8:
+        raise KeyboardInterrupt  # killed in its second checkpoint
+      os.makedirs(study.eval_dir(runs_dir, name, which), exist_ok=True)
+      results.save_step(study.eval_dir(runs_dir, name, which),
+                        _record(step, {k: 0.3 for k in EVAL_KS}, 0.1 * step)
+                        | {"checkpoint": os.path.join(runs_dir, name, "checkpoints", str(step))})
+    path = os.path.join(runs_dir, name, "evaluations.json")
+    done = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
+    files.write_json(path, done + [{"what": which, "steps": steps, "start": include_start,
+                                    "commit": "b" * 40, "machine": "cpu A"}])
+
+  monkeypatch.setattr(study.rms.real_model(), "run_config",
+                      lambda name, runs_dir, **kw: _fake_train(runs_dir, name, 12, []))
+  monkeypatch.setattr(study, "evaluate", evaluate)
+  monkeypatch.setattr(study.machine, "describe", lambda: "cpu A")
+  with pytest.raises(KeyboardInterrupt):
+    study.run_study(d, runs, out, ["mean"], [0])
+  study.run_study(d, runs, out, ["mean"], [0])
+  assert evaluated == [("mean_s0", "eval", (4, 8, 12), True), ("mean_s0", "eval", (8, 12), False),
+                       ("mean_s0", "ladder", (12,), True)]
+  assert sorted(os.listdir(os.path.join(out, "mean_s0", "eval"))) == [
+      "step_00000004.json", "step_00000008.json", "step_00000012.json"]
+
+
 def test_nothing_runs_where_every_run_is_published_and_the_code_is_checked_before_a_run(
     study, registered, tmp_path, monkeypatch):
   _, d = registered
