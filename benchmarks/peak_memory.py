@@ -8,8 +8,9 @@ In one run, after the CPU line (`ksjax.machine.describe`): the memory plan's per
 (`python -m ksjax.tools.plan`, what the buffers need), then the trainer itself for --steps RL
 steps in one child process per variant, each with its own fresh work directory and no held-out
 evaluation, and from each child's step log the peak resident memory after every step
-(`memory/peak_rss_gib`, the kernel's high-water mark of the process) beside the update's seconds
-and the share of rows it kept. The variants:
+(`memory/peak_rss_gib`, the kernel's high-water mark of the process) and the whole run's (the
+child's `ru_maxrss`, which also sees the saves after the last step's log line), beside the update's
+seconds and the share of rows it kept. The variants:
   auto       the entry points' allocator as shipped (`ksjax.allocator`: jemalloc where the system
              has it, else glibc on transparent huge pages);
   off        glibc as it is (KSJAX_MALLOC=off);
