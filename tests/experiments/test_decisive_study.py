@@ -285,6 +285,26 @@ def _fake_train(runs_dir, name, last, trained):
                    [{"wall_seconds": 1.0, "commit": "a" * 40, "machine": "cpu A"}])
 
 
+def _fake_evaluate(study, evaluated, killed=lambda calls, step: False):
+  """A stand-in for the eval binary's call: appends (name, which, steps, start) to `evaluated`
+  and writes a record per checkpoint, as the binary does, then lists the call in
+  evaluations.json; raises KeyboardInterrupt before the checkpoint where killed(calls, step)."""
+  def evaluate(d_, runs_dir, name, which, steps, *, include_start):
+    evaluated.append((name, which, tuple(steps), include_start))
+    for step in [0] * include_start + list(steps):
+      if killed(len(evaluated), step):
+        raise KeyboardInterrupt
+      os.makedirs(study.eval_dir(runs_dir, name, which), exist_ok=True)
+      results.save_step(study.eval_dir(runs_dir, name, which),
+                        _record(step, {k: 0.3 for k in EVAL_KS}, 0.1 * step)
+                        | {"checkpoint": os.path.join(runs_dir, name, "checkpoints", str(step))})
+    path = os.path.join(runs_dir, name, "evaluations.json")
+    done = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
+    files.write_json(path, done + [{"what": which, "steps": steps, "start": include_start,
+                                    "commit": "b" * 40, "machine": "cpu A"}])
+  return evaluate
+
+
 def test_runs_resume_from_what_was_published_and_the_start_is_evaluated_once(
     study, registered, tmp_path, monkeypatch, capsys):
   _, d = registered
@@ -296,20 +316,8 @@ def test_runs_resume_from_what_was_published_and_the_start_is_evaluated_once(
                                                         int(name.rsplit("_s", 1)[1]))
     _fake_train(runs_dir, name, 12 if "cpu" not in name else 7, trained)
 
-  def evaluate(d_, runs_dir, name, which, steps, *, include_start):
-    evaluated.append((name, which, tuple(steps), include_start))
-    for step in [0] * include_start + list(steps):
-      os.makedirs(study.eval_dir(runs_dir, name, which), exist_ok=True)
-      results.save_step(study.eval_dir(runs_dir, name, which),
-                        _record(step, {k: 0.3 for k in EVAL_KS}, 0.1 * step)
-                        | {"checkpoint": os.path.join(runs_dir, name, "checkpoints", str(step))})
-    path = os.path.join(runs_dir, name, "evaluations.json")
-    done = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
-    files.write_json(path, done + [{"what": which, "steps": steps, "start": include_start,
-                                    "commit": "b" * 40, "machine": "cpu A"}])
-
   monkeypatch.setattr(study.rms.real_model(), "run_config", train)
-  monkeypatch.setattr(study, "evaluate", evaluate)
+  monkeypatch.setattr(study, "evaluate", _fake_evaluate(study, evaluated))
   monkeypatch.setattr(study.machine, "describe", lambda: "cpu A")
   arms = ["mean", "pass_at_k", "mean_cpu"]
   study.run_study(d, runs, out, arms, [0])
@@ -347,23 +355,11 @@ def test_an_evaluation_stopped_part_way_keeps_the_checkpoints_it_finished(
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   evaluated = []
 
-  def evaluate(d_, runs_dir, name, which, steps, *, include_start):
-    evaluated.append((name, which, tuple(steps), include_start))
-    for step in [0] * include_start + list(steps):
-      if len(evaluated) == 1 and step == 8:
-        raise KeyboardInterrupt  # killed in its second checkpoint
-      os.makedirs(study.eval_dir(runs_dir, name, which), exist_ok=True)
-      results.save_step(study.eval_dir(runs_dir, name, which),
-                        _record(step, {k: 0.3 for k in EVAL_KS}, 0.1 * step)
-                        | {"checkpoint": os.path.join(runs_dir, name, "checkpoints", str(step))})
-    path = os.path.join(runs_dir, name, "evaluations.json")
-    done = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
-    files.write_json(path, done + [{"what": which, "steps": steps, "start": include_start,
-                                    "commit": "b" * 40, "machine": "cpu A"}])
-
   monkeypatch.setattr(study.rms.real_model(), "run_config",
                       lambda name, runs_dir, **kw: _fake_train(runs_dir, name, 12, []))
-  monkeypatch.setattr(study, "evaluate", evaluate)
+  # Killed in the first call's second checkpoint.
+  killed = lambda calls, step: calls == 1 and step == 8
+  monkeypatch.setattr(study, "evaluate", _fake_evaluate(study, evaluated, killed))
   monkeypatch.setattr(study.machine, "describe", lambda: "cpu A")
   with pytest.raises(KeyboardInterrupt):
     study.run_study(d, runs, out, ["mean"], [0])
