@@ -1,6 +1,8 @@
 """The machine a result came from, for studies' and benchmarks' provenance (`describe`), and the
 log line that says where bfloat16 matmul operands are slower than float32 ones
-(`bfloat16_operand_note`). Standard library only: `.ci/run` loads this file by path, before the
+(`bfloat16_operand_note`), and whether this CPU lacks bfloat16 dot instructions
+(`lacks_bfloat16_dots`, which `ksjax.model.layers` reads to run bfloat16 products on float32
+kernels). Standard library only: `.ci/run` loads this file by path, before the
 install, to name the CI machine.
 
 CPU results depend on the machine as much as on the commit: XLA:CPU picks its kernels by the
@@ -45,6 +47,19 @@ def describe(cpuinfo: str = "/proc/cpuinfo") -> str:
                     f"{os.cpu_count()} CPUs", *([" ".join(found)] if found else [])])
 
 
+_BF16_DOT_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+_LACKS_BF16_DOTS: dict[str, bool] = {}
+
+
+def lacks_bfloat16_dots(cpuinfo: str = "/proc/cpuinfo") -> bool:
+  """Whether this CPU has no bfloat16 dot instructions (neither amx_bf16 nor avx512_bf16), read
+  once per file; False where cpuinfo is unreadable or has no flags (not a Linux x86 CPU)."""
+  if cpuinfo not in _LACKS_BF16_DOTS:
+    _, flags = _cpuinfo(cpuinfo)
+    _LACKS_BF16_DOTS[cpuinfo] = bool(flags) and not flags & _BF16_DOT_FLAGS
+  return _LACKS_BF16_DOTS[cpuinfo]
+
+
 def bfloat16_operand_note(operand_dtype: str, backend: str,
                           cpuinfo: str = "/proc/cpuinfo") -> str | None:
   """A line for the log where bfloat16 matmul operands are slower than float32 ones: on a CPU
@@ -53,8 +68,7 @@ def bfloat16_operand_note(operand_dtype: str, backend: str,
   times both). None elsewhere, or where cpuinfo is unreadable."""
   if operand_dtype != "bfloat16" or backend != "cpu":
     return None  # the common case reads no file
-  _, flags = _cpuinfo(cpuinfo)
-  if not flags or flags & {"amx_bf16", "avx512_bf16"}:
+  if not lacks_bfloat16_dots(cpuinfo):
     return None
   return ("note: config.model.matmul_dtype='bfloat16' on a CPU without bfloat16 dot instructions "
           "(no amx_bf16 or avx512_bf16): XLA emulates them, slower than float32 here; "

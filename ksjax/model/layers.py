@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ksjax import machine
 from ksjax.model import rope
 from ksjax.model.config import LlamaConfig
 from ksjax.model.sharding import constrain
@@ -52,8 +53,25 @@ def project(x: jax.Array, w: jax.Array, dtype: str, matmul_dtype: str | None,
     k = w.shape[0]
     out_mn = _mixed_matmul(x.reshape(-1, k), w.reshape(k, -1), jnp.dtype(dtype), md)
     return out_mn.reshape(x.shape[:-1] + w.shape[1:])
-  out = jnp.einsum(spec, x.astype(md), w.astype(md), preferred_element_type=jnp.float32)
+  out = jnp.einsum(spec, *kernel_operands(x.astype(md), w.astype(md)),
+                   preferred_element_type=jnp.float32)
   return out.astype(dtype)
+
+
+def kernel_operands(*operands: jax.Array) -> tuple[jax.Array, ...]:
+  """bfloat16 product operands as the dot should receive them: unchanged, or in float32 on a CPU
+  without bfloat16 dot instructions (`machine.lacks_bfloat16_dots`).
+
+  Why: there XLA:CPU emulates a bfloat16 x bfloat16 -> float32 dot and runs it up to 2.3x slower
+  than the same shape in float32 (benchmarks/bfloat16_dots.py). The float32 product of two
+  bfloat16 values is exact (8 + 8 significant bits fit float32's 24), so widening the operands
+  first and accumulating in float32 computes the same sum of the same products; only the order
+  of the summation, which differs between kernels anyway, changes. The rounding to bfloat16, the
+  configured precision, is kept."""
+  if (jax.default_backend() != "cpu" or not machine.lacks_bfloat16_dots()
+      or any(o.dtype != jnp.bfloat16 for o in operands)):
+    return operands
+  return tuple(o.astype(jnp.float32) for o in operands)
 
 
 def _is_mixed(dtype, matmul_dtype) -> bool:
@@ -123,7 +141,7 @@ def _mixed_matmul(x_mk: jax.Array, w_kn: jax.Array, dtype: jnp.dtype,
 
 def _mixed_matmul_fwd(x_mk, w_kn, dtype, matmul_dtype):
   xm, wm = x_mk.astype(matmul_dtype), w_kn.astype(matmul_dtype)
-  out = jnp.dot(xm, wm, preferred_element_type=jnp.float32).astype(dtype)
+  out = jnp.dot(*kernel_operands(xm, wm), preferred_element_type=jnp.float32).astype(dtype)
   # Zero-size stand-ins carry the primal dtypes the cotangents must have (a residual must be an
   # array).
   return out, (xm, wm, jnp.zeros(0, x_mk.dtype), jnp.zeros(0, w_kn.dtype))
@@ -134,8 +152,8 @@ def _mixed_matmul_bwd(dtype, matmul_dtype, residuals, dout_mn):
   the library takes), and dw = x^T dy with x^T copied row-major (`transposed`)."""
   xm, wm, x_like, w_like = residuals
   dym = dout_mn.astype(matmul_dtype)
-  dx = jnp.einsum("mn,kn->mk", dym, wm, preferred_element_type=jnp.float32)
-  dw = jnp.dot(transposed(xm), dym, preferred_element_type=jnp.float32)
+  dx = jnp.einsum("mn,kn->mk", *kernel_operands(dym, wm), preferred_element_type=jnp.float32)
+  dw = jnp.dot(*kernel_operands(transposed(xm), dym), preferred_element_type=jnp.float32)
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 
@@ -490,7 +508,7 @@ def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
     # Operands cast before they are transposed (half the bytes to copy), each transposed operand
     # a row-major copy (`transposed`) for the library kernels.
     md = jnp.dtype(matmul_dtype)
-    mm = lambda spec, a, w: jnp.einsum(spec, a.astype(md), w.astype(md),
+    mm = lambda spec, a, w: jnp.einsum(spec, *kernel_operands(a.astype(md), w.astype(md)),
                                        preferred_element_type=jnp.float32).astype(dtype)
     tr = lambda a_mk: transposed(a_mk.astype(md))
     # A product's transpose, copied: XLA rewrites a plain transpose of a product into the product

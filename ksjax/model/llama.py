@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ksjax.model import rope
+from ksjax.model import layers, rope
 from ksjax.model.config import LlamaConfig
 from ksjax.model.layers import DecoderLayer, RMSNorm, init_param
 from ksjax.model.sharding import constrain
@@ -49,7 +49,7 @@ def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int,
   [D, V'] (vocab_axis 1), both operands in `operand_dtype` (default: the hidden states')."""
   spec = "btd,vd->btv" if vocab_axis == 0 else "btd,dv->btv"
   dtype = hidden_btd.dtype if operand_dtype is None else operand_dtype
-  return jnp.einsum(spec, hidden_btd.astype(dtype), w.astype(dtype),
+  return jnp.einsum(spec, *layers.kernel_operands(hidden_btd.astype(dtype), w.astype(dtype)),
                     preferred_element_type=jnp.float32)
 
 

@@ -130,7 +130,8 @@ class _Chunks:
     One [M, D] x [D, S*Vc] matmul with the weight as it lies: the einsum over [S, Vc, D] made
     XLA copy every slice transposed to [D, S*Vc] first (benchmarks/update_rate.py)."""
     spec = "md,nd->mn" if self.vocab_axis == 0 else "md,dn->mn"
-    z_mn = jnp.einsum(spec, h_md, w_mat, preferred_element_type=jnp.float32) * self.inv_temp
+    z_mn = jnp.einsum(spec, *layers.kernel_operands(h_md, w_mat),
+                      preferred_element_type=jnp.float32) * self.inv_temp
     return z_mn.reshape(-1, self.shards, self.vc)
 
   def hits(self, tgt_m: jax.Array, local_v: jax.Array, fresh_v: jax.Array):
@@ -239,11 +240,15 @@ def _chunks_bwd(g: _Chunks, residuals, cotangents):
           dw_slice += jnp.einsum("dm,msv->dsv", h_dm, dz_mn.reshape(m, g.shards, g.vc)
                                  ).transpose(1, 2, 0).reshape(n, d)
         else:  # the transposed operand is dz: its copy is smaller than one of the product
-          dw_slice += jnp.dot(layers.transposed(dz_mn), h_md, preferred_element_type=jnp.float32)
-        dh_md = jnp.dot(dz_mn, w_mat, preferred_element_type=jnp.float32)
+          dw_slice += jnp.dot(*layers.kernel_operands(layers.transposed(dz_mn), h_md),
+                              preferred_element_type=jnp.float32)
+        dh_md = jnp.dot(*layers.kernel_operands(dz_mn, w_mat),
+                        preferred_element_type=jnp.float32)
       else:  # dW [D, S*Vc] = h^T dz, dh = dz W^T
-        dw_slice += jnp.dot(h_dm, dz_mn, preferred_element_type=jnp.float32)
-        dh_md = jnp.einsum("mn,dn->md", dz_mn, w_mat, preferred_element_type=jnp.float32)
+        dw_slice += jnp.dot(*layers.kernel_operands(h_dm, dz_mn),
+                            preferred_element_type=jnp.float32)
+        dh_md = jnp.einsum("mn,dn->md", *layers.kernel_operands(dz_mn, w_mat),
+                           preferred_element_type=jnp.float32)
       return dw_slice, dh_md
 
     dw_slice, dh_i_kmd = jax.lax.scan(chunk_step, jnp.zeros(dw_shape, jnp.float32),

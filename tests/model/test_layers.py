@@ -177,8 +177,9 @@ def test_swiglu_backward_equals_autodiff(matmul_dtype):
   if matmul_dtype is None:
     mm = lambda a, w: a @ w
   else:  # `layers.project`'s product, differentiated by JAX
-    mm = lambda a, w: jnp.einsum("...d,df->...f", a.astype(matmul_dtype), w.astype(matmul_dtype),
-                                 preferred_element_type=jnp.float32)
+    mm = lambda a, w: jnp.einsum(
+        "...d,df->...f", *layers.kernel_operands(a.astype(matmul_dtype), w.astype(matmul_dtype)),
+        preferred_element_type=jnp.float32)
   plain = lambda x, g, u, d: mm(jax.nn.silu(mm(x, g)) * mm(x, u), d)
   fused = lambda x, g, u, d: layers.swiglu(x, g, u, d, jnp.float32, matmul_dtype)
   np.testing.assert_array_equal(fused(x, *ws), plain(x, *ws))

@@ -13,6 +13,7 @@ moves.
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -206,3 +207,49 @@ def test_bfloat16_gradients_on_a_mesh_match_unsharded(shape):
   got = flat(nnx.jit(on_mesh)(model.shard(new("bfloat16"), mesh), jax.device_put(tokens, data),
                               jax.device_put(mask, data)))
   tolerances.assert_same_bfloat16_computation(got, want, unrounded, float32_atol=1e-5)
+
+
+@pytest.mark.parametrize("lacks", [True, False])
+def test_bfloat16_products_widen_their_operands_only_on_cpus_without_bfloat16_dots(
+    monkeypatch, lacks):
+  """`layers.kernel_operands`: on a CPU without bfloat16 dot instructions every bfloat16 product
+  of `project` (forward and both gradients) and of the head runs on float32 operands, elsewhere on
+  bfloat16 ones; either way it is the product of the bfloat16-rounded operands, accumulated in
+  float32 (checked against float64 at bfloat16 tolerances)."""
+  monkeypatch.setitem(layers.machine._LACKS_BF16_DOTS, "/proc/cpuinfo", lacks)
+  x, w, dy = _operands(m=32, k=64, n=16)
+  f = lambda x, w: layers.project(x, w, "float32", "bfloat16")
+  loss = lambda x, w: (f(x, w) * dy).sum()
+  grad = jax.grad(loss, argnums=(0, 1))
+  dtypes = [d for fn, args in ((grad, (x, w)), (f, (x, w)), (
+      lambda h, w: model.llama.head_logits(h, w, 1, "bfloat16"), (x[None], w)))
+            for d in _dot_operand_dtypes(jax.make_jaxpr(fn)(*args).jaxpr)]
+  assert len(dtypes) >= 5  # forward, two gradients, forward again, head
+  widened = lacks and jax.default_backend() == "cpu"
+  assert set(dtypes) == {"float32" if widened else "bfloat16"}, dtypes
+  rx, rw, rdy = rounded(x), rounded(w), rounded(dy)
+  np.testing.assert_allclose(f(x, w), rx @ rw, rtol=1e-5, atol=1e-5)
+  gx, gw = grad(x, w)
+  np.testing.assert_allclose(gx, rdy @ rw.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(gw, rx.T @ rdy, rtol=1e-5, atol=1e-5)
+
+
+def test_lacks_bfloat16_dots_reads_the_cpu_flags(tmp_path):
+  avx2, amx, other = tmp_path / "avx2", tmp_path / "amx", tmp_path / "other"
+  avx2.write_text("model name\t: A\nflags\t\t: fpu avx2 fma avx512f\n")
+  amx.write_text("model name\t: B\nflags\t\t: fpu avx2 amx_bf16\n")
+  other.write_text("processor\t: 0\n")
+  assert layers.machine.lacks_bfloat16_dots(str(avx2))
+  assert not layers.machine.lacks_bfloat16_dots(str(amx))
+  assert not layers.machine.lacks_bfloat16_dots(str(other))  # no flags: XLA's own choice
+
+
+def _dot_operand_dtypes(jaxpr) -> list[str]:
+  """The operand dtypes of every dot_general in a jaxpr, sub-jaxprs (custom VJPs) included."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      out += [str(v.aval.dtype) for v in eqn.invars]
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      out += _dot_operand_dtypes(sub)
+  return out
