@@ -62,8 +62,8 @@ def kernel_operands(*operands: jax.Array) -> tuple[jax.Array, ...]:
   """bfloat16 product operands as the dot should receive them: unchanged, or in float32 on a CPU
   without bfloat16 dot instructions (`machine.lacks_bfloat16_dots`).
 
-  Why: there XLA:CPU emulates a bfloat16 x bfloat16 -> float32 dot and runs it up to 2.3x slower
-  than the same shape in float32 (benchmarks/bfloat16_dots.py). The float32 product of two
+  Why: there XLA:CPU emulates a bfloat16 x bfloat16 -> float32 dot, slower than the same
+  shape in float32 (benchmarks/bfloat16_dots.py times both). The float32 product of two
   bfloat16 values is exact (8 + 8 significant bits fit float32's 24), so widening the operands
   first and accumulating in float32 computes the same sum of the same products; only the order
   of the summation, which differs between kernels anyway, changes. The rounding to bfloat16, the
