@@ -27,6 +27,9 @@ def test_bfloat16_operand_note_only_where_the_cpu_lacks_bfloat16_dots(tmp_path):
   assert machine.bfloat16_operand_note("float32", "cpu", str(avx2)) is None
   assert machine.bfloat16_operand_note("bfloat16", "gpu", str(avx2)) is None
   assert machine.bfloat16_operand_note("bfloat16", "cpu", str(tmp_path / "none")) is None
+  # The same flags decide where ksjax.model.layers widens bfloat16 product operands.
+  assert machine.lacks_bfloat16_dots(str(avx2)) and not machine.lacks_bfloat16_dots(str(amx))
+  assert not machine.lacks_bfloat16_dots(str(tmp_path / "none"))  # no flags: XLA's own choice
 
 
 def test_machine_loads_by_path_with_the_standard_library_only():

@@ -234,16 +234,6 @@ def test_bfloat16_products_widen_their_operands_only_on_cpus_without_bfloat16_do
   np.testing.assert_allclose(gw, rx.T @ rdy, rtol=1e-5, atol=1e-5)
 
 
-def test_lacks_bfloat16_dots_reads_the_cpu_flags(tmp_path):
-  avx2, amx, other = tmp_path / "avx2", tmp_path / "amx", tmp_path / "other"
-  avx2.write_text("model name\t: A\nflags\t\t: fpu avx2 fma avx512f\n")
-  amx.write_text("model name\t: B\nflags\t\t: fpu avx2 amx_bf16\n")
-  other.write_text("processor\t: 0\n")
-  assert layers.machine.lacks_bfloat16_dots(str(avx2))
-  assert not layers.machine.lacks_bfloat16_dots(str(amx))
-  assert not layers.machine.lacks_bfloat16_dots(str(other))  # no flags: XLA's own choice
-
-
 def _dot_operand_dtypes(jaxpr) -> list[str]:
   """The operand dtypes of every dot_general in a jaxpr, sub-jaxprs (custom VJPs) included."""
   out = []
