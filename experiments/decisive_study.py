@@ -565,6 +565,24 @@ def _short(commits) -> str:
   return ", ".join(f"`{c[:7]}`" for c in commits) or "none recorded"
 
 
+def restarts(prereg) -> list[dict]:
+  """The registration's restart records, oldest first: each names the commit whose runs it
+  superseded, where they are kept, when and why, and what was seen of them."""
+  return list(prereg.raw.get("restarts", []))
+
+
+def superseded_runs(data: dict, names, records) -> list[str]:
+  """A departure for each run of `names` trained or evaluated at a commit that a restart
+  superseded: its results were to be kept apart, not pooled with the restarted study's."""
+  gone = [r["superseded_commit"] for r in records]
+  found = []
+  for n in names:
+    for c in (*data["runs"][n]["commits"], *data["runs"][n]["eval_commits"]):
+      if any(c.startswith(g) or g.startswith(c) for g in gone):
+        found.append(f"{n} ran at `{c[:7]}`, a commit the study was restarted from")
+  return found
+
+
 def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departures,
            repo: str = REPO) -> dict:
   """`<out>/README.md`, `summary.json`, `provenance.json` and the figures from the published
@@ -574,6 +592,8 @@ def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departure
            in data["runs"]]
   commits = list(dict.fromkeys(c for n in names for c in (*data["runs"][n]["commits"],
                                                           *data["runs"][n]["eval_commits"])))
+  restarted = restarts(prereg)
+  departures = [*departures, *superseded_runs(data, names, restarted)]
   verdicts = judged(prereg, data, commits, departures=departures, interim=interim, repo=repo)
   reach = power(prereg, verdicts["rows"])
   order = verdicts["registration"]
@@ -586,6 +606,7 @@ def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departure
   files.write_json(os.path.join(out, "provenance.json"), provenance)
   summary = {"study": prereg.study, "interim": interim, "quick": d.quick,
              "seeds": list(seeds), "arms": list(arms), "design": dataclasses.asdict(d),
+             "restarts": restarted,
              "registration": order, "registered": verdicts["registered"],
              "departures": verdicts["departures"], "statements": verdicts["rows"],
              "power": reach, "start": data["start"], "runs": data["runs"]}
@@ -622,9 +643,23 @@ def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departure
          "The registration does NOT precede "
          + (_short(order["not_preceded"]) if order["registered_at"] else "any of them")
          + ": every statement is exploratory."), ""]
+  if order.get("changed_at"):
+    lines += ["The registration file was amended at " + _short(order["changed_at"])
+              + " (the restart records and the re-measured budget below); the check above "
+              "covers every amendment.", ""]
   if verdicts["departures"]:
     lines += ["Departures from the registration (every statement is exploratory): "
               + "; ".join(verdicts["departures"]) + ".", ""]
+  if restarted:
+    lines += ["## Restarts", "",
+              "The study was restarted, each time before any held-out result at the new commit "
+              "was seen; a restart keeps every registered setting and seed, and the runs it "
+              "supersedes are kept apart and not pooled with these:", ""]
+    lines += [f"- {r['date']}: the runs at `{r['superseded_commit'][:7]}` superseded "
+              f"(decided at `{r['decided_at'][:7]}`; kept in "
+              f"{r.get('superseded_results') or 'no published run'}; seen: {r['seen']}). "
+              f"Why: {r['reason']}" for r in restarted]
+    lines.append("")
   lines += [
       "## Setup", "",
       f"`configs/{d.config}.py`, every arm setting only its objective ({objectives}). "

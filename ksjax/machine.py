@@ -63,13 +63,15 @@ def lacks_bfloat16_dots(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def bfloat16_operand_note(operand_dtype: str, backend: str,
                           cpuinfo: str = "/proc/cpuinfo") -> str | None:
   """A line for the log where bfloat16 matmul operands are slower than float32 ones: on a CPU
-  without bfloat16 dot instructions (no amx_bf16 or avx512_bf16) XLA converts the operands and
-  runs float32 kernels, slower than float32 ones (`benchmarks/real_model.py --parts=roofline`
-  times both). None elsewhere, or where cpuinfo is unreadable."""
+  without bfloat16 dot instructions (no amx_bf16 or avx512_bf16) the model widens the rounded
+  operands to float32 before each dot (`layers.kernel_operands`), and the rounding and widening
+  cost time that float32 operands do not (`benchmarks/bfloat16_dots.py` times the three ways).
+  None elsewhere, or where cpuinfo is unreadable."""
   if operand_dtype != "bfloat16" or backend != "cpu":
     return None  # the common case reads no file
   if not lacks_bfloat16_dots(cpuinfo):
     return None
   return ("note: config.model.matmul_dtype='bfloat16' on a CPU without bfloat16 dot instructions "
-          "(no amx_bf16 or avx512_bf16): XLA emulates them, slower than float32 here; "
+          "(no amx_bf16 or avx512_bf16): its products run as float32 dots of the rounded "
+          "operands, slower than float32 operands here; "
           "--config.model.matmul_dtype=float32 runs them in float32")

@@ -4,6 +4,7 @@ published runs, the statements' values and pairing within a machine, the registr
 report (final and interim), the refusals before any run, and (slow) the whole pipeline on the
 tiny model."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -259,6 +260,9 @@ def test_the_registration_must_precede_every_runs_commit(study, registered, tmp_
   assert "The registration precedes each of them." in readme
   assert "| P1 | 0, 1 | seed 2: its two runs ran on different machines" in readme
   assert "INTERIM" not in readme
+  # The registration's restarts are printed; none of these runs is at a superseded commit.
+  assert "## Restarts" in readme and "the runs at `7f27d15` superseded" in readme
+  assert summary["restarts"] == study.restarts(prereg) and len(summary["restarts"]) == 2
   for name in ("metrics_vs_step.png", "pass4_vs_kl.png", "pass_at_k_vs_k.png", "summary.json"):
     assert os.path.isfile(os.path.join(out, name))
   # The same runs reported as interim, or with a departure: no verdict.
@@ -269,6 +273,28 @@ def test_the_registration_must_precede_every_runs_commit(study, registered, tmp_
                          repo=repo)
   assert not summary["registered"]
   assert {r["kind"] for r in summary["statements"]} == {"exploratory"}
+
+
+def test_a_run_at_a_commit_the_study_was_restarted_from_is_not_pooled(study, registered,
+                                                                         tmp_path):
+  prereg, d = registered
+  out = str(tmp_path / "out")
+  _three_seeds(out)  # every run at commit "a" * 40
+  restart = {"date": "2026-11-27", "superseded_commit": "a" * 7, "decided_at": "b" * 40,
+             "superseded_results": "elsewhere", "seen": "seed 0", "reason": "a defect"}
+  restarted = dataclasses.replace(prereg, raw={**prereg.raw, "restarts": [restart]})
+  summary = study.report(d, restarted, out, ["mean", "pass_at_k"], [0, 1, 2], interim=False,
+                         departures=[])
+  assert not summary["registered"]
+  assert {r["kind"] for r in summary["statements"]} == {"exploratory"}
+  assert "mean_s0 ran at `aaaaaaa`, a commit the study was restarted from" in summary[
+      "departures"]
+  readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
+  assert "Departures from the registration" in readme and "Why: a defect" in readme
+  # Without the restart the same runs depart from nothing on that account.
+  plain = dataclasses.replace(prereg, raw={**prereg.raw, "restarts": []})
+  assert study.superseded_runs(study.collect(d, out, ["mean"], [0]), ["mean_s0"],
+                               study.restarts(plain)) == []
 
 
 def _fake_train(runs_dir, name, last, trained):
@@ -430,3 +456,25 @@ def test_the_quick_study_end_to_end_and_nothing_twice(tmp_path):
   shutil.rmtree(tmp_path / "runs")  # a new machine: the published runs are all it needs
   again = _quietly(command)
   assert "ksjax.main" not in again and (out / "README.md").read_text() == readme
+
+
+def test_the_budget_projects_shortened_runs_onto_the_registered_design(registered):
+  budget = support.load_module(os.path.join(str(support.REPO), "experiments",
+                                            "decisive_study_budget.py"),
+                               "ksjax_experiments_decisive_study_budget")
+  _, d = registered
+  measured = {"arms": {"mean": {"cpu": 40.0, "loop_cpu_by_step": [10.0, 20.0, 30.0]}},
+              "eval": {"wall": 100.0, "sampling_seconds": 80.0, "cpu": 150.0, "samples": 100},
+              "ladder": {"wall": 50.0, "sampling_seconds": 40.0, "cpu": 50.0, "samples": 100}}
+  p = budget.projection(d, measured)
+  # Start-up: the call's CPU at its rate outside sampling; then CPU-s per sample.
+  assert (p["eval_startup"], p["eval_per_sample"]) == pytest.approx((30.0, 1.2))
+  assert (p["ladder_startup"], p["ladder_per_sample"]) == pytest.approx((10.0, 0.4))
+  # 12 steps: start-up 10, the first step 10, 11 more at 10; one call for the 3 checkpoints of
+  # 160 x 16 samples; the ladder's 32 x 64.
+  run = 10 + 10 + 11 * 10 + 30 + 3 * 2560 * 1.2 + 10 + 2048 * 0.4
+  assert p["matched_steps_run"] == pytest.approx({a: run for a in (
+      "mean", "pass_at_k", "biased_pass_at_k", "majority_vote")})
+  assert p["equal_cpu_run"] == pytest.approx(10 + 12 * 60 + 30 + 2560 * 1.2)
+  assert p["start"] == pytest.approx(30 + 2560 * 1.2 + 10 + 2048 * 0.4)
+  assert p["cpu_hours"] * 3600 == pytest.approx(32 * run + 8 * p["equal_cpu_run"] + p["start"])

@@ -1,0 +1,140 @@
+"""The decisive study's CPU budget, measured on the machine at hand before a (re)start (#31).
+
+    python experiments/decisive_study_budget.py [--runs_dir=DIR] [--arms=pass_at_k,mean,...]
+                                                [--steps=3] [--eval_per_level=4]
+                                                [--ladder_per_level=1]
+
+Shortened runs of the study's own commands, at this checkout's commit: each matched-steps arm
+trains `--steps` steps with the study's trainer flags (`decisive_study.train_overrides`, seed 0;
+only the step count and the checkpoint cadence shortened), then the first arm's last checkpoint
+goes through the study's main evaluation on `--eval_per_level` test problems per level and its
+ladder on `--ladder_per_level` (`decisive_study.eval_settings`, the rest as registered). Each
+child's CPU-seconds come from its rusage, a training step's from the step log; the evaluation's
+start-up is its wall time outside sampling, at the call's CPU rate. `projection` scales these to
+the registered design (12 steps, three checkpoints of 160 x 16 samples, the ladder's 32 x 64,
+the equal-CPU arms' budget, the start once). Writes `<runs_dir>/budget.json` as it goes and
+prints the projection; the study's pre-registration records the figures it used
+(`budget` in experiments/preregistration/smollm2_decisive.json). Nothing here is a study run: its
+work directory is its own, and nothing is published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decisive_study as ds  # pylint: disable=wrong-import-position
+import real_model_study as rms  # pylint: disable=wrong-import-position
+from ksjax import files  # pylint: disable=wrong-import-position
+from ksjax import machine  # pylint: disable=wrong-import-position
+
+MATCHED = ("pass_at_k", "mean", "biased_pass_at_k", "majority_vote")
+
+
+def timed(command) -> dict:
+  """Runs `command`; its wall seconds, CPU-seconds (user + system) and peak resident GiB."""
+  start = time.time()
+  child = subprocess.Popen(command, cwd=ds.REPO)
+  _, status, usage = os.wait4(child.pid, 0)
+  if os.waitstatus_to_exitcode(status) != 0:
+    raise SystemExit(f"decisive_study_budget: {' '.join(command[1:4])} ... stopped with status "
+                     f"{os.waitstatus_to_exitcode(status)}")
+  return {"wall": round(time.time() - start, 1),
+          "cpu": round(usage.ru_utime + usage.ru_stime, 1),
+          "peak_gib": round(usage.ru_maxrss / 2**20, 2)}
+
+
+def train(d: ds.Design, runs_dir: str, arm: str, steps: int) -> dict:
+  shortened = ("--config.num_steps=", "--config.checkpoint_every=")
+  flags = [f for f in ds.train_overrides(d, arm, 0) if not f.startswith(shortened)]
+  measured = timed([sys.executable, "-m", "ksjax.main", f"--config=configs/{d.config}.py",
+                    f"--config.workdir={os.path.join(runs_dir, arm)}",
+                    "--config.progress_bar=False", *flags, f"--config.num_steps={steps}",
+                    f"--config.checkpoint_every={steps}"])
+  with open(os.path.join(runs_dir, arm, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  measured["loop_cpu_by_step"] = [round(r["time/cpu_seconds"], 1) for r in rows
+                                  if "time/cpu_seconds" in r]
+  return measured
+
+
+def evaluate(d: ds.Design, runs_dir: str, arm: str, which: str, step: int,
+             per_level: int) -> dict:
+  settings, fields = ds.eval_settings(d, which)
+  fields = tuple((k, per_level if k.endswith("test_per_level") else v) for k, v in fields)
+  run_dir = os.path.join(runs_dir, arm)
+  measured = timed(rms.eval_command(run_dir, os.path.join(run_dir, which), config=d.config,
+                                    settings=settings, steps=str(step), include_start=False,
+                                    run_fields=fields))
+  record = ds.records(os.path.join(run_dir, which))[step]
+  measured.update(samples=record["num_problems"] * record["num_samples"],
+                  sampling_seconds=round(record["seconds"], 1))
+  return measured
+
+
+def projection(d: ds.Design, measured: dict) -> dict:
+  """CPU-seconds of the registered design from the shortened runs: per matched-steps arm, an
+  equal-CPU run, the start, and the whole study (CPU-hours)."""
+  def split(call):  # (start-up CPU-s, CPU-s per sample)
+    startup = call["cpu"] * (call["wall"] - call["sampling_seconds"]) / call["wall"]
+    return startup, (call["cpu"] - startup) / call["samples"]
+
+  e0, e1 = split(measured["eval"])
+  l0, l1 = split(measured["ladder"])
+  checkpoints = len(d.checkpoint_steps)
+  eval_samples = 4 * d.test_per_level * d.evaluation["num_samples"]
+  ladder_samples = 4 * d.ladder["test_per_level"] * d.ladder["num_samples"]
+  one_eval = e0 + eval_samples * e1
+  ladder = l0 + ladder_samples * l1
+  trained, startups = {}, []
+  for arm, m in measured["arms"].items():
+    loop = m["loop_cpu_by_step"]
+    startups.append(m["cpu"] - loop[-1])
+    later = (loop[-1] - loop[0]) / max(1, len(loop) - 1)
+    trained[arm] = m["cpu"] - loop[-1] + loop[0] + (d.steps - 1) * later
+  arms = {arm: trained.get(arm, max(trained.values())) + e0 + checkpoints * (one_eval - e0)
+          + ladder for arm, spec in d.arms.items() if spec["stop"] == "steps"}
+  cpu_run = max(startups) + 60 * d.cpu_minutes + one_eval
+  start = one_eval + ladder
+  total = sum(arms[a] * len(d.arm_seeds(a)) for a in arms) + start + sum(
+      cpu_run * len(d.arm_seeds(a)) for a, spec in d.arms.items() if spec["stop"] == "cpu")
+  return {"eval_startup": e0, "eval_per_sample": e1, "ladder_startup": l0,
+          "ladder_per_sample": l1, "matched_steps_run": arms, "equal_cpu_run": cpu_run,
+          "start": start, "cpu_hours": total / 3600}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--runs_dir", default=os.path.join(ds.REPO, "runs", "decisive_budget"))
+  parser.add_argument("--arms", default=",".join(MATCHED))
+  parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--eval_per_level", type=int, default=4)
+  parser.add_argument("--ladder_per_level", type=int, default=1)
+  args = parser.parse_args()
+  d = ds.design(ds.load_registration())
+  arms = args.arms.split(",")
+  if set(arms) - set(MATCHED) or args.steps < 2:
+    raise SystemExit(f"decisive_study_budget: --arms={args.arms!r} --steps={args.steps} are not "
+                     f"accepted; expected arms among {', '.join(MATCHED)} and at least 2 steps")
+  runs_dir = os.path.abspath(args.runs_dir)
+  out = os.path.join(runs_dir, "budget.json")
+  measured = {"machine": machine.describe(), "commit": rms.real_model()._commit(), "arms": {}}
+  for arm in arms:
+    measured["arms"][arm] = train(d, runs_dir, arm, args.steps)
+    files.write_json(out, measured)
+  for which, per_level in (("eval", args.eval_per_level), ("ladder", args.ladder_per_level)):
+    measured[which] = evaluate(d, runs_dir, arms[0], which, args.steps, per_level)
+    files.write_json(out, measured)
+  measured["projection"] = projection(d, measured)
+  files.write_json(out, measured)
+  print(json.dumps(measured, indent=1))
+
+
+if __name__ == "__main__":
+  main()
