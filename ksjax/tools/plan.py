@@ -5,7 +5,9 @@
       --config.mesh='(1,-1,1)' --fake_devices=256 --prompt_len=512 --memory_gb=80,95
 
 `--fake_devices=N` plans on N CPU devices (hardware you do not have); without it the plan uses the
-devices of this machine, so on a TPU VM or GPU host it reports that backend's compiled programs.
+devices of this machine, so on a TPU VM or GPU host it reports that backend's compiled programs,
+and on a CPU it also counts the host process (the interpreter and libraries, measured), whose
+memory is the devices'.
 `--exact_only` prints only what follows from shapes and shardings (parameters, optimizer state,
 reference, KV caches) on a device-free mesh of --fake_devices (or this machine's) devices: no
 program is compiled, so any device count takes seconds. `--memory_gb` lists device sizes to judge
@@ -90,7 +92,9 @@ def main(argv):
   if _EXACT_ONLY.value:
     print(exact_text(spec, _FAKE_DEVICES.value or jax.device_count(), _PROMPT_LEN.value))
     return
-  memory_plan = planning.plan(spec, prompt_len=_PROMPT_LEN.value)
+  # This machine's CPU devices hold their buffers in this process: count the process itself.
+  memory_plan = planning.plan(spec, prompt_len=_PROMPT_LEN.value,
+                              host=_FAKE_DEVICES.value is None)
   print(memory_plan.table(memory))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, plan_json(memory_plan))

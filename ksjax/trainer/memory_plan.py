@@ -40,6 +40,14 @@ same program, so their bytes are affine in the number of layers, and models deep
 probes are an even number of layers apart because XLA's buffer packing of small models alternates
 between odd and even depths; a two-layer step averages it out.
 
+The host process. On a CPU backend the devices' memory is the process's own, which also holds the
+interpreter, the libraries and the backend before any buffer exists: a plan of this machine's CPU
+devices (`plan(..., host=True)`, as `python -m ksjax.tools.plan` without --fake_devices makes it)
+counts that too, measured in a fresh child interpreter that imports the trainer and starts the
+backend (`host_process_bytes`). The compiled programs' code and what the runtime allocates beside
+XLA's buffer assignment are not counted (docs/benchmarks.md measures them). Accelerator plans
+count device memory alone.
+
 Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
 when run on them (the trainer's start-up check), or fake CPU devices (`python -m
 ksjax.tools.plan --fake_devices=256` on a workstation). XLA's CPU backend computes bfloat16
@@ -53,6 +61,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +88,10 @@ EXACT_DEPTH = 4
 PROBE_DEPTHS = (2, 4)
 # The longest prompt a plan assumes when the caller does not say (tokens).
 DEFAULT_PROMPT_LEN = 512
+# What the host-process probe runs: the trainer's imports, the backend started, nothing built.
+_HOST_PROBE = ("import jax\nfrom ksjax.tasks import registry\nfrom ksjax.trainer import loop\n"
+               "jax.devices()\nprint(next(line.split()[1] for line in open('/proc/self/status') "
+               "if line.startswith('VmRSS:')))")
 # Fraction of a device's memory a plan may fill: the rest is left to the runtime (its own
 # buffers, fragmentation, host transfers).
 USABLE_FRACTION = 0.9
@@ -355,6 +369,8 @@ class MemoryPlan:
   sampler_shared: bool = False
   frozen: int = 0          # of `params`, the frozen base under LoRA (0 without)
   lora: LoraSpec = LoraSpec()  # the adapters' settings (rank 0: none)
+  host: int = 0            # the process before any buffer, on this machine's CPU backend (0:
+                           # not counted; `host_process_bytes`)
 
   @property
   def phases(self) -> dict[str, int]:
@@ -371,7 +387,7 @@ class MemoryPlan:
       phases["sampling"] += self.sampler_params
     elif self.sampler_params:  # its own devices: the copy and the sampler's programs
       phases["sampler devices"] = sampling - self.params + self.sampler_params
-    return phases
+    return {name: held + self.host for name, held in phases.items()}
 
   @property
   def peak(self) -> int:
@@ -412,6 +428,8 @@ class MemoryPlan:
         f"  sampler KV cache          {gib(self.kv_cache)}",
         f"  sampler, other than cache {gib(sampler_other)}",
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
+        *([f"  host process              {gib(self.host)} (interpreter, libraries, CPU "
+           "backend; in every phase)"] if self.host else []),
     ]
     lines += [f"  peak of {name:<17} {gib(b)}" for name, b in self.phases.items()]
     lines.append(f"  peak                      {gib(self.peak)}")
@@ -514,8 +532,21 @@ def sampler_copy_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any) -> in
   return device_bytes(abstract_policy(spec, cfg, mesh).trainable)
 
 
+def host_process_bytes() -> int:
+  """The resident memory of a fresh interpreter that has imported the trainer and started the
+  JAX backend (this interpreter, its environment), measured in a child process: what a run's
+  process holds before its first buffer. 0 where it cannot be read (no /proc: not Linux)."""
+  try:
+    done = subprocess.run([sys.executable, "-c", _HOST_PROBE], capture_output=True, text=True,
+                          check=True, timeout=300)
+    return int(done.stdout.split()[-1]) * 1024  # VmRSS is in kB
+  except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    return 0
+
+
 def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
-         prompt_len: int | None = None, vocab_size: int | None = None) -> MemoryPlan:
+         prompt_len: int | None = None, vocab_size: int | None = None,
+         host: bool = False) -> MemoryPlan:
   """The memory plan of a run on `devices` (default: all), without allocating the model.
 
   Args:
@@ -524,6 +555,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       does not have).
     prompt_len: the longest prompt, in tokens; default `prompt_len_of(spec)`.
     vocab_size: the tokenizer's vocabulary; default: as the trainer would find it.
+    host: on a CPU backend, count the host process (`host_process_bytes`) in every phase: for
+      a plan of this machine's CPU devices, not of fake devices standing in for accelerators.
 
   Raises:
     ConfigError if the config is invalid, or the mesh cannot divide the model or the batch.
@@ -553,7 +586,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       eval_prefill=eval_prefill, eval_decode=eval_decode,
       extrapolated=cfg.num_layers > EXACT_DEPTH, sampler_params=sampler_copy_bytes(spec, cfg, mesh),
       sampler_shared=not spec.sampling.sampler_devices, frozen=held.frozen,
-      lora=spec.lora)
+      lora=spec.lora,
+      host=host_process_bytes() if host and mesh.devices.flat[0].platform == "cpu" else 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,6 +137,28 @@ def test_plan_reports_the_exact_parts_and_compiled_phases(tiny_plan):
   assert "peak" in p.table([16e9]) and "fits" in p.table([16e9])
 
 
+def test_a_plan_of_this_machines_cpu_counts_the_host_process_in_every_phase(tiny_plan,
+                                                                            monkeypatch):
+  # What a fresh interpreter holds after the trainer's imports: more than the bare interpreter
+  # (tens of MiB), less than this machine's memory.
+  measured = planning.host_process_bytes()
+  assert 64 * 2**20 < measured < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  assert tiny_plan.host == 0 and "host process" not in tiny_plan.table()  # not asked for
+  monkeypatch.setattr(planning, "host_process_bytes", lambda: 12345)
+  counted = planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB, host=True)
+  assert counted.host == 12345
+  assert counted.phases == {k: v + 12345 for k, v in tiny_plan.phases.items()}
+  assert counted.peak == tiny_plan.peak + 12345 and "host process" in counted.table()
+  # Where the child cannot run, nothing is counted rather than a guess.
+  monkeypatch.undo()
+  monkeypatch.setattr(planning.subprocess, "run", _refuse)
+  assert planning.host_process_bytes() == 0
+
+
+def _refuse(*args, **kwargs):
+  raise OSError("no interpreter")
+
+
 def test_check_fits_refuses_a_config_too_large_and_says_what_to_change(tiny_plan, monkeypatch):
   monkeypatch.setattr(planning, "plan", lambda config, **kw: tiny_plan)  # compiled already
   with pytest.raises(ConfigError) as e:
