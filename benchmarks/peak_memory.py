@@ -87,15 +87,14 @@ def _train(config: str, steps: int, workdir: str, env: dict, overrides: list[str
   """Trains; returns the process's whole-run peak resident memory in GiB (the kernel's
   ru_maxrss, which also sees the saves after the last step's log line and the forked reward
   workers)."""
-  child = subprocess.Popen([sys.executable, "-m", "ksjax.main", f"--config={config}",
-                            f"--config.workdir={workdir}", f"--config.num_steps={steps}",
-                            "--config.eval.at_start=False", "--config.eval.at_end=False",
-                            "--config.progress_bar=False", *overrides],
-                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-  _, status, usage = os.wait4(child.pid, 0)
-  if os.waitstatus_to_exitcode(status):
-    raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), child.args)
-  return usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024) / 2**30  # KiB on Linux
+  command = [sys.executable, "-m", "ksjax.main", f"--config={config}",
+             f"--config.workdir={workdir}", f"--config.num_steps={steps}",
+             "--config.eval.at_start=False", "--config.eval.at_end=False",
+             "--config.progress_bar=False", *overrides]
+  child = machine.run_child(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+  if child.exit_status:
+    raise subprocess.CalledProcessError(child.exit_status, command)
+  return child.peak_rss_bytes / 2**30
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, REPO)
@@ -107,14 +106,11 @@ def run_config(name: str, runs_dir: str, *, config: str | None = None,
   if run.has_checkpoints():
     command.append("--config.resume=True")
   print(" ".join(command[1:]), flush=True)
-  start = time.time()
-  child = subprocess.Popen(command, cwd=REPO)
-  _, status, usage = os.wait4(child.pid, 0)
-  # ru_maxrss is in KiB on Linux (bytes on macOS).
-  peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-  attempts.append({"wall_seconds": round(time.time() - start, 1), "peak_rss_bytes": peak,
+  child = machine.run_child(command, cwd=REPO)
+  attempts.append({"wall_seconds": round(child.wall_seconds, 1),
+                   "peak_rss_bytes": child.peak_rss_bytes,
                    "resumed": "--config.resume=True" in command,
-                   "exit_status": os.waitstatus_to_exitcode(status), "commit": _commit(),
+                   "exit_status": child.exit_status, "commit": _commit(),
                    "machine": machine.describe()})
   os.makedirs(run.workdir, exist_ok=True)
   files.write_json(path, attempts)

@@ -2,7 +2,7 @@
 log line that says where bfloat16 matmul operands are slower than float32 ones
 (`bfloat16_operand_note`), and whether this CPU lacks bfloat16 dot instructions
 (`lacks_bfloat16_dots`, which `ksjax.model.layers` reads to run bfloat16 products on float32
-kernels). Standard library only: `.ci/run` loads this file by path, before the
+kernels), and what a child process cost on it (`run_child`). Standard library only: `.ci/run` loads this file by path, before the
 install, to name the CI machine.
 
 CPU results depend on the machine as much as on the commit: XLA:CPU picks its kernels by the
@@ -15,8 +15,12 @@ be a new dependency that starts a subprocess for the same line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
+import subprocess
+import sys
+import time
 
 # The flags that decide which matmul kernels XLA:CPU can use, widest first.
 MATMUL_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
@@ -75,3 +79,29 @@ def bfloat16_operand_note(operand_dtype: str, backend: str,
           "(no amx_bf16 or avx512_bf16): its products run as float32 dots of the rounded "
           "operands, slower than float32 operands here; "
           "--config.model.matmul_dtype=float32 runs them in float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildRun:
+  """What one child process cost, from the kernel's accounting of it."""
+  exit_status: int      # as os.waitstatus_to_exitcode: negative for a signal
+  wall_seconds: float
+  cpu_seconds: float    # user + system, every thread, and the children it waited for
+  peak_rss_bytes: int   # its high-water resident memory (ru_maxrss)
+
+
+def run_child(command, **popen) -> ChildRun:
+  """Runs `command` (with subprocess.Popen's keywords) to its end and measures it with
+  os.wait4, which reports the child's own usage: `resource.getrusage(RUSAGE_CHILDREN)` would sum
+  every child this process ever waited for. On Linux a child's ru_maxrss starts from the
+  launching process's resident pages at the fork, so its peak reads at least that size (the
+  launchers here are small scripts). The studies and benchmarks that time a run or record its
+  peak memory share this."""
+  start = time.time()
+  child = subprocess.Popen(command, **popen)
+  _, status, usage = os.wait4(child.pid, 0)
+  # ru_maxrss is in KiB on Linux, bytes on macOS.
+  peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+  return ChildRun(exit_status=os.waitstatus_to_exitcode(status),
+                  wall_seconds=time.time() - start, cpu_seconds=usage.ru_utime + usage.ru_stime,
+                  peak_rss_bytes=peak)

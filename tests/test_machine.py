@@ -41,3 +41,27 @@ def test_machine_loads_by_path_with_the_standard_library_only():
   out = subprocess.run([sys.executable, "-I", "-c", code], cwd=support.REPO, capture_output=True,
                        text=True, timeout=60, check=False)
   assert out.returncode == 0 and "CPUs" in out.stdout, out.stderr
+
+
+
+def _resident_bytes() -> int:
+  with open("/proc/self/status", encoding="ascii") as f:
+    return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_run_child_measures_that_child_alone():
+  # ru_maxrss counts the launching process's pages at the fork, so the big child holds this
+  # process's size and 100 MiB more; it spins a while and exits with status 3.
+  big = _resident_bytes() + 100 * 2**20
+  code = (f"import time\nb = bytearray({big})\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+          "t = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+          "raise SystemExit(3)")
+  run = machine.run_child([sys.executable, "-c", code])
+  assert run.exit_status == 3
+  assert run.peak_rss_bytes >= big
+  assert run.cpu_seconds >= 0.3 and run.wall_seconds >= run.cpu_seconds * 0.5
+  # The next child's figures are its own, not the largest or the sum over this process's
+  # children (which `resource.getrusage(RUSAGE_CHILDREN)` would give).
+  small = machine.run_child([sys.executable, "-c", "pass"])
+  assert small.exit_status == 0 and small.peak_rss_bytes < big
+  assert small.cpu_seconds < 0.3
