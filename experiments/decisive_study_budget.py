@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,21 +31,20 @@ import decisive_study as ds  # pylint: disable=wrong-import-position
 import real_model_study as rms  # pylint: disable=wrong-import-position
 from ksjax import files  # pylint: disable=wrong-import-position
 from ksjax import machine  # pylint: disable=wrong-import-position
+from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
 
 MATCHED = ("pass_at_k", "mean", "biased_pass_at_k", "majority_vote")
+LEVELS = 4  # the arithmetic task's difficulty levels, each with `test_per_level` held-out problems
 
 
 def timed(command) -> dict:
   """Runs `command`; its wall seconds, CPU-seconds (user + system) and peak resident GiB."""
-  start = time.time()
-  child = subprocess.Popen(command, cwd=ds.REPO)
-  _, status, usage = os.wait4(child.pid, 0)
-  if os.waitstatus_to_exitcode(status) != 0:
+  child = machine.run_child(command, cwd=ds.REPO)
+  if child.exit_status != 0:
     raise SystemExit(f"decisive_study_budget: {' '.join(command[1:4])} ... stopped with status "
-                     f"{os.waitstatus_to_exitcode(status)}")
-  return {"wall": round(time.time() - start, 1),
-          "cpu": round(usage.ru_utime + usage.ru_stime, 1),
-          "peak_gib": round(usage.ru_maxrss / 2**20, 2)}
+                     f"{child.exit_status}")
+  return {"wall": round(child.wall_seconds, 1), "cpu": round(child.cpu_seconds, 1),
+          "peak_gib": round(child.peak_rss_bytes / 2**30, 2)}
 
 
 def train(d: ds.Design, runs_dir: str, arm: str, steps: int) -> dict:
@@ -57,8 +54,7 @@ def train(d: ds.Design, runs_dir: str, arm: str, steps: int) -> dict:
                     f"--config.workdir={os.path.join(runs_dir, arm)}",
                     "--config.progress_bar=False", *flags, f"--config.num_steps={steps}",
                     f"--config.checkpoint_every={steps}"])
-  with open(os.path.join(runs_dir, arm, "metrics.jsonl"), encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f]
+  rows = metrics.read_jsonl(os.path.join(runs_dir, arm, "metrics.jsonl"))
   measured["loop_cpu_by_step"] = [round(r["time/cpu_seconds"], 1) for r in rows
                                   if "time/cpu_seconds" in r]
   return measured
@@ -88,8 +84,8 @@ def projection(d: ds.Design, measured: dict) -> dict:
   e0, e1 = split(measured["eval"])
   l0, l1 = split(measured["ladder"])
   checkpoints = len(d.checkpoint_steps)
-  eval_samples = 4 * d.test_per_level * d.evaluation["num_samples"]
-  ladder_samples = 4 * d.ladder["test_per_level"] * d.ladder["num_samples"]
+  eval_samples = LEVELS * d.test_per_level * d.evaluation["num_samples"]
+  ladder_samples = LEVELS * d.ladder["test_per_level"] * d.ladder["num_samples"]
   one_eval = e0 + eval_samples * e1
   ladder = l0 + ladder_samples * l1
   trained, startups = {}, []
