@@ -20,6 +20,14 @@ Stopped at any point, the same command continues: a published run is not run aga
 unfinished one resumes from its newest checkpoint, an evaluation already written is reused.
 Each run is published to `<out>/<run>/` as the decisive study publishes its runs; commit `<out>`
 after each.
+
+Amended after both LoRA runs were published and before any full run of seed 1 existed (the
+restarted decisive study reaches its seed 1 many sessions later): the full run of a seed is the
+first published `pass_at_k` run on the LoRA run's machine found in the restarted study's runs,
+then in its superseded pilot (`decisive_study_7f27d15`, the study's runs when the LoRA runs were
+made), then in this check's own `<out>`, where `--train_full` trains it on this machine with the
+study's design and evaluation, as the study would. Nothing else changed; the table names each
+run's training commit, since the two runs of a seed may come from different commits.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ ARM = "pass_at_k_lora"
 FULL_ARM = "pass_at_k"  # the decisive study's run it is set beside
 SEEDS = (0, 1)
 DEFAULT_OUT = os.path.join(ds.REPO, "experiments", "results", "lora_sanity")
+# The decisive study's runs when the LoRA runs were made, superseded by its restart (a pilot).
+PILOT_OUT = os.path.join(ds.REPO, "experiments", "results", "decisive_study_7f27d15")
 METRICS = ("pass@1", "pass@4", "pass@16", "maj@4", "kl")  # kl: k3 per completion, to the start
 
 
@@ -56,21 +66,42 @@ def lora_design() -> ds.Design:
 def run(d: ds.Design, runs_dir: str, out: str, seeds) -> None:
   """Each seed's LoRA run trained (or resumed), evaluated at its last step, published."""
   for seed in seeds:
-    name = rms.run_name(ARM, seed)
-    if ds.published(out, name):
+    _train_and_publish(d, ARM, seed, runs_dir, out)
+
+
+def train_full(full_d: ds.Design, runs_dir: str, out: str, seeds, full_outs) -> None:
+  """The full run of each seed whose LoRA run is published, ran on this machine alone, and has
+  no full run on that machine in `full_outs`: trained here with the study's design, evaluated as
+  the LoRA run was, published to `out`."""
+  here = machine.describe()
+  for seed in seeds:
+    lora = _published(out, rms.run_name(ARM, seed))
+    if lora is None or full_run(seed, lora["machines"], full_outs) is not None:
       continue
-    rms.real_model().run_config(name, runs_dir, config=d.config,
-                                overrides=ds.train_overrides(d, ARM, seed), held_out=False)
-    last = rms._last_step(runs_dir, name)  # pylint: disable=protected-access
-    if last != d.steps:
-      raise SystemExit(f"lora_sanity: {name} ended at step {last}, not {d.steps}")
-    if last not in ds.records(ds.eval_dir(runs_dir, name, "eval")):
-      ds.evaluate(d, runs_dir, name, "eval", [last], include_start=False)
-    publish(d, runs_dir, out, name, seed, last)
-    rms.prune_checkpoints(runs_dir, name)
+    if lora["machines"] != [here]:
+      print(f"lora_sanity: seed {seed}'s LoRA run ran on {lora['machines']}, not on {here}: "
+            "its full run must be trained there", flush=True)
+      continue
+    _train_and_publish(full_d, FULL_ARM, seed, runs_dir, out)
 
 
-def publish(d: ds.Design, runs_dir: str, out: str, name: str, seed: int, last: int) -> None:
+def _train_and_publish(d: ds.Design, arm: str, seed: int, runs_dir: str, out: str) -> None:
+  name = rms.run_name(arm, seed)
+  if ds.published(out, name):
+    return
+  rms.real_model().run_config(name, runs_dir, config=d.config,
+                              overrides=ds.train_overrides(d, arm, seed), held_out=False)
+  last = rms._last_step(runs_dir, name)  # pylint: disable=protected-access
+  if last != d.steps:
+    raise SystemExit(f"lora_sanity: {name} ended at step {last}, not {d.steps}")
+  if last not in ds.records(ds.eval_dir(runs_dir, name, "eval")):
+    ds.evaluate(d, runs_dir, name, "eval", [last], include_start=False)
+  publish(d, runs_dir, out, name, arm, seed, last)
+  rms.prune_checkpoints(runs_dir, name)
+
+
+def publish(d: ds.Design, runs_dir: str, out: str, name: str, arm: str, seed: int,
+            last: int) -> None:
   target = rms.publish_run_files(runs_dir, out, name)
   evaluations = json.load(open(os.path.join(runs_dir, name, "evaluations.json"),
                                encoding="utf-8"))
@@ -82,10 +113,34 @@ def publish(d: ds.Design, runs_dir: str, out: str, name: str, seed: int, last: i
   attempts = json.load(open(os.path.join(runs_dir, name, "attempts.json"), encoding="utf-8"))
   rows = metrics.read_jsonl(os.path.join(target, "metrics.jsonl"))
   files.write_json(os.path.join(target, "published.json"), {
-      "arm": ARM, "seed": seed, "stop": "steps", "last_step": last, "config": d.config,
+      "arm": arm, "seed": seed, "stop": "steps", "last_step": last, "config": d.config,
       "cpu_seconds": max(r.get("time/cpu_seconds", 0.0) for r in rows),
       "evaluated": {"eval": [last]},
       "machines": ds._machines(attempts, evaluations)})  # pylint: disable=protected-access
+
+
+def _published(out: str, name: str) -> dict | None:
+  """Run `name`'s publication record in `out`, or None where it is not published there."""
+  if not ds.published(out, name):
+    return None
+  return json.load(open(os.path.join(out, name, "published.json"), encoding="utf-8"))
+
+
+def full_run(seed: int, machines: list[str], full_outs) -> str | None:
+  """The directory that holds seed `seed`'s full run: the first of `full_outs` with a published
+  `pass_at_k` run of that seed that ran on `machines` (the LoRA run's), or None."""
+  name = rms.run_name(FULL_ARM, seed)
+  for out in full_outs:
+    pub = _published(out, name)
+    if pub is not None and pub["machines"] == machines:
+      return out
+  return None
+
+
+def _commit(directory: str) -> str:
+  """The commit a published run trained at (its first attempt's)."""
+  attempts = json.load(open(os.path.join(directory, "attempts.json"), encoding="utf-8"))
+  return attempts[0].get("commit", "unrecorded")[:7]
 
 
 def _values(directory: str, step: int) -> dict[str, float] | None:
@@ -96,32 +151,35 @@ def _values(directory: str, step: int) -> dict[str, float] | None:
   return {k: m.get("kl_k3" if k == "kl" else k, float("nan")) for k in METRICS}
 
 
-def report(d: ds.Design, out: str, full_out: str, seeds) -> str:
+def report(d: ds.Design, out: str, full_outs, seeds) -> str:
   """The table of each seed's two runs at step 12 and their differences (a pure function of the
   published records)."""
   lines = [f"# LoRA against full fine-tuning on SmolLM2-135M, pass@4 training, step {d.steps}",
            "", "A sanity check on two seeds, not a claim: no interval or test is drawn from two "
-           "seeds.", "", "| seed | run | " + " | ".join(METRICS) + " | training CPU-min | machine |",
-           "|---|---|" + "---|" * (len(METRICS) + 2)]
-  left_out = []
+           "seeds.", "", "| seed | run | " + " | ".join(METRICS)
+           + " | training CPU-min | commit | machine |", "|---|---|" + "---|" * (len(METRICS) + 3)]
+  left_out, sources = [], []
   for seed in seeds:
     lora_name, full_name = rms.run_name(ARM, seed), rms.run_name(FULL_ARM, seed)
-    if not (ds.published(out, lora_name) and ds.published(full_out, full_name)):
-      left_out.append(f"seed {seed}: not both runs published yet")
+    lora = _published(out, lora_name)
+    full_out = None if lora is None else full_run(seed, lora["machines"], full_outs)
+    if full_out is None:
+      left_out.append(f"seed {seed}: " + ("its LoRA run is not published yet" if lora is None
+                                          else "no full run on its LoRA run's machine yet"))
       continue
-    pub = {n: json.load(open(os.path.join(o, n, "published.json"), encoding="utf-8"))
-           for n, o in ((lora_name, out), (full_name, full_out))}
-    if pub[lora_name]["machines"] != pub[full_name]["machines"]:
-      left_out.append(f"seed {seed}: the runs ran on {pub[lora_name]['machines']} and "
-                      f"{pub[full_name]['machines']}")
-      continue
-    values = {lora_name: _values(os.path.join(out, lora_name), d.steps),
-              full_name: _values(os.path.join(full_out, full_name), d.steps)}
-    for n, label in ((full_name, "full"), (lora_name, "LoRA r16")):
-      lines.append(f"| {seed} | {label} | " + " | ".join(f"{values[n][k]:.3f}" for k in METRICS)
-                   + f" | {pub[n]['cpu_seconds'] / 60:.1f} | {pub[n]['machines'][0]} |")
+    sources.append(f"seed {seed}'s full run from "
+                   f"`{os.path.relpath(os.path.join(full_out, full_name), ds.REPO)}`")
+    runs = {"full": os.path.join(full_out, full_name), "LoRA r16": os.path.join(out, lora_name)}
+    values = {label: _values(path, d.steps) for label, path in runs.items()}
+    for label, path in runs.items():
+      pub = json.load(open(os.path.join(path, "published.json"), encoding="utf-8"))
+      lines.append(f"| {seed} | {label} | " + " | ".join(f"{values[label][k]:.3f}" for k in METRICS)
+                   + f" | {pub['cpu_seconds'] / 60:.1f} | {_commit(path)} | "
+                   f"{pub['machines'][0]} |")
     lines.append(f"| {seed} | LoRA − full | " + " | ".join(
-        f"{values[lora_name][k] - values[full_name][k]:+.3f}" for k in METRICS) + " | | |")
+        f"{values['LoRA r16'][k] - values['full'][k]:+.3f}" for k in METRICS) + " | | | |")
+  if sources:
+    lines += ["", "Where each full run comes from: " + "; ".join(sources) + "."]
   if left_out:
     lines += ["", "Left out: " + "; ".join(left_out) + "."]
   return "\n".join(lines) + "\n"
@@ -130,18 +188,25 @@ def report(d: ds.Design, out: str, full_out: str, seeds) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default=DEFAULT_OUT)
-  parser.add_argument("--full_out", default=ds.DEFAULT_OUT,
-                      help="the decisive study's published runs")
+  parser.add_argument("--full_out", default=",".join((ds.DEFAULT_OUT, PILOT_OUT)),
+                      help="where the full runs are looked for, in order, before --out: the "
+                      "decisive study's published runs, then its superseded pilot's")
   parser.add_argument("--runs_dir", default=os.path.join(ds.REPO, "runs", "lora_sanity"))
   parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
   parser.add_argument("--status", action="store_true", help="report only; train nothing")
+  parser.add_argument("--train_full", action="store_true",
+                      help="also train the full run of a seed whose LoRA run ran on this machine "
+                      "where no full run on it is published")
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
+  full_outs = [o for o in args.full_out.split(",") if o] + [args.out]
   d = lora_design()
   if not args.status:
     print(f"lora_sanity on {machine.describe()}", flush=True)
     run(d, args.runs_dir, args.out, seeds)
-  text = report(d, args.out, args.full_out, seeds)
+    if args.train_full:
+      train_full(ds.design(ds.load_registration()), args.runs_dir, args.out, seeds, full_outs)
+  text = report(d, args.out, full_outs, seeds)
   os.makedirs(args.out, exist_ok=True)
   files.write_text(os.path.join(args.out, "README.md"), text)
   print(text)
