@@ -537,6 +537,10 @@ def _swiglu_bwd(dtype, matmul_dtype, residuals, dy_btd):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+def _silu_times(g_btf: jax.Array, u_btf: jax.Array) -> jax.Array:
+  return jax.nn.silu(g_btf) * u_btf
+
+
 class MLP(Projections):
   """SwiGLU: down(silu(gate(x)) * up(x)) (`swiglu`)."""
 
@@ -567,7 +571,11 @@ class MLP(Projections):
     formed at all."""
     g_btf = constrain(self.product("gate_proj", x_btd), "btf")
     u_btf = constrain(self.product("up_proj", x_btd), "btf")
-    hidden_btf = constrain(jax.nn.silu(g_btf) * u_btf, "btf")
+    # silu(g) * u recomputed in the backward pass from g and u, as `_swiglu_bwd` does. jax saves
+    # g and u either way, but differentiated through, the compiled update held one more [B, T, F]
+    # float32 array per layer (its temporaries, benchmarks/lora_update.py: 24 MiB a layer at
+    # 4096 tokens).
+    hidden_btf = constrain(jax.checkpoint(_silu_times)(g_btf, u_btf), "btf")
     return constrain(self.product("down_proj", hidden_btf), "btd")
 
 
