@@ -1,7 +1,7 @@
 """One optimizer step of full fine-tuning, LoRA and QLoRA side by side, on SmolLM2-135M's shape.
 
     python benchmarks/lora_update.py [--variants=full,lora,qlora_int4] [--rows=32] \
-        [--columns=128] [--micro_batch=4] [--rank=16] [--targets=all] [--matmul_dtype=bfloat16] \
+        [--columns=128] [--micro_batch=2] [--rank=16] [--targets=all] [--matmul_dtype=bfloat16] \
         [--repeats=3] [--num_layers=30]
 
 After the CPU line (`ksjax.machine.describe`), jax's version and the allocator line, each variant
@@ -20,9 +20,10 @@ allocator keeps what a process frees), one after the other:
               gradients, what LoRA's step costs without its adapters.
 The step is the trainer's update itself (`ksjax.trainer.update.Updater`, plain policy gradient)
 on --rows x --columns random tokens, every row weighted, accumulated over micro-batches of
---micro_batch rows (4 is what the SmolLM2 configs use), then one AdamW update of what trains. The model is randomly initialised
-with SmolLM2-135M's shape (30 layers, width 576, tied 49152-token head; --num_layers fewer for a
-quick check), weights float32, matmul operands --matmul_dtype as the SmolLM2 configs set it.
+--micro_batch rows (2, the SmolLM2 configs' size; 4 before it), then one AdamW update of what
+trains. The model is randomly initialised with SmolLM2-135M's shape (30 layers, width 576, tied
+49152-token head; --num_layers fewer for a quick check), weights float32, matmul operands
+--matmul_dtype as the SmolLM2 configs set it.
 
 Each child prints its step's fastest wall time over --repeats (after a warm-up step that
 compiles), its peak resident memory during those steps and, apart, during the set-up (building,
@@ -155,7 +156,7 @@ def main() -> None:
   parser.add_argument("--variants", default="full,lora,qlora_int4")
   parser.add_argument("--rows", type=int, default=32)
   parser.add_argument("--columns", type=int, default=128)
-  parser.add_argument("--micro_batch", type=int, default=4)
+  parser.add_argument("--micro_batch", type=int, default=2)
   parser.add_argument("--rank", type=int, default=16)
   parser.add_argument("--targets", default="all", choices=("attention", "mlp", "all"),
                       help="the layers given adapters (the base's others are frozen too)")

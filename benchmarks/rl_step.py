@@ -467,7 +467,7 @@ def main() -> None:
                            "as in a first run), default (the user's), or a directory")
   parser.add_argument("--trl_micro_batch", type=int, default=None,
                       help="TRL's rows per forward and backward (default: the configs' "
-                           "micro_batch_size, 4); the optimizer steps once per 32 rows either way")
+                           "micro_batch_size); the optimizer steps once per 32 rows either way")
   parser.add_argument("--torch_threads", type=int, default=None,
                       help="TRL's torch threads (default: XLA's, the CPUs this process may use)")
   parser.add_argument("--goal", type=float, default=3.0, help="TRL/ksjax per step to meet")

@@ -129,16 +129,16 @@ def smollm2_config() -> ml_collections.ConfigDict:
   c.eval.batch_prompts = 2
   # From the time/* split a run logs, before any held-out result was seen: pass@k leave-one-out
   # keeps few of the 32 rows, and a row's forward and backward cost more than a compilation, so
-  # fewer kept rows than a micro-batch run in a micro-batch bucketed from 1 row (1, 2 or 4: three
+  # fewer kept rows than a micro-batch run in a micro-batch bucketed from 1 row (1 or 2: two
   # update programs; `sparse.layout`); the reference forward serves only the logged KL (there is
   # no KL penalty), so it runs every 5th step.
   c.sparse_min_rows = 1
   c.kl_every = 5
   # The mean objective keeps most of the 32 rows, and their activations in one gradient outgrow a
   # laptop's memory, so rows go through the gradient a few at a time (the sum is the same; see
-  # ksjax/trainer/learner.py); 4 at a time peaked lowest at the same speed (the peaks measured:
-  # docs/results.md, "SmolLM2-135M: one run per objective").
-  c.micro_batch_size = 4
+  # ksjax/trainer/learner.py). The update's activations set the run's peak: 2 rows at a time hold
+  # half of 4's for a few percent of the update's time (docs/benchmarks.md, "A run's peak memory").
+  c.micro_batch_size = 2
   # Float32 weights, activations and optimizer; the weight matmuls take bfloat16 operands with
   # float32 accumulation (LlamaConfig.matmul_dtype). Chosen for speed, not from any result: on a
   # CPU with bfloat16 matrix units it decodes this model faster than float32 does

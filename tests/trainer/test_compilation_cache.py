@@ -195,14 +195,17 @@ def _update_shapes(rows: int, shards: int, min_rows: int, micro_batch: int) -> s
 
 
 def test_the_update_compiles_a_bounded_number_of_row_buckets():
-  # The SmolLM2 configs' sizes: 8 prompts x 4 completions, buckets from 1 row, micro-batches of 4.
+  # The SmolLM2 configs' sizes: 8 prompts x 4 completions, buckets from 1 row, micro-batches of 2.
   spec = spec_lib.from_config(run_config.smollm2_config())
   rows, min_rows = spec.sampling.rows, spec.loss.sparse_min_rows
-  assert (rows, min_rows, spec.loss.micro_batch_size, spec.loss.use_sparse) == (32, 1, 4, True)
+  assert (rows, min_rows, spec.loss.micro_batch_size, spec.loss.use_sparse) == (32, 1, 2, True)
   shapes, counts = _update_shapes(rows, 1, min_rows, spec.loss.micro_batch_size)
   assert len(shapes) <= math.log2(spec.loss.micro_batch_size / min_rows) + 1
-  assert shapes == {(32, 1), (16, 2), (8, 4)}  # 3 programs per prompt width, whatever is kept
-  assert counts == set(range(1, 9))  # the micro-batches run: ceil(kept / 4), at run time
+  assert shapes == {(32, 1), (16, 2)}  # 2 programs per prompt width, whatever is kept
+  assert counts == set(range(1, 17))  # the micro-batches run: ceil(kept / 2), at run time
+  # Micro-batches of 4 (the configs' size before 2): 3 programs.
+  shapes, counts = _update_shapes(rows, 1, min_rows, 4)
+  assert shapes == {(32, 1), (16, 2), (8, 4)} and counts == set(range(1, 9))
   # Any sizes: ceil(log2(total / min_rows)) + 1 buckets at most (a total that is not a power of
   # two adds its own); the groups of dynamic sampling are bucketed the same way.
   for total, multiple, min_rows in [(32, 1, 8), (128, 2, 8), (128, 2, 1), (96, 4, 1), (24, 8, 8),
