@@ -123,7 +123,7 @@ def _published(out: str, name: str) -> dict | None:
   """Run `name`'s publication record in `out`, or None where it is not published there."""
   if not ds.published(out, name):
     return None
-  return json.load(open(os.path.join(out, name, "published.json"), encoding="utf-8"))
+  return rms._published_json(out, name, "published.json")  # pylint: disable=protected-access
 
 
 def full_run(seed: int, machines: list[str], full_outs) -> str | None:
@@ -137,9 +137,9 @@ def full_run(seed: int, machines: list[str], full_outs) -> str | None:
   return None
 
 
-def _commit(directory: str) -> str:
+def _commit(out: str, name: str) -> str:
   """The commit a published run trained at (its first attempt's)."""
-  attempts = json.load(open(os.path.join(directory, "attempts.json"), encoding="utf-8"))
+  attempts = rms._published_json(out, name, "attempts.json")  # pylint: disable=protected-access
   return attempts[0].get("commit", "unrecorded")[:7]
 
 
@@ -169,12 +169,12 @@ def report(d: ds.Design, out: str, full_outs, seeds) -> str:
       continue
     sources.append(f"seed {seed}'s full run from "
                    f"`{os.path.relpath(os.path.join(full_out, full_name), ds.REPO)}`")
-    runs = {"full": os.path.join(full_out, full_name), "LoRA r16": os.path.join(out, lora_name)}
-    values = {label: _values(path, d.steps) for label, path in runs.items()}
-    for label, path in runs.items():
-      pub = json.load(open(os.path.join(path, "published.json"), encoding="utf-8"))
+    runs = {"full": (full_out, full_name), "LoRA r16": (out, lora_name)}
+    values = {label: _values(os.path.join(*run), d.steps) for label, run in runs.items()}
+    for label, (run_out, name) in runs.items():
+      pub = _published(run_out, name)
       lines.append(f"| {seed} | {label} | " + " | ".join(f"{values[label][k]:.3f}" for k in METRICS)
-                   + f" | {pub['cpu_seconds'] / 60:.1f} | {_commit(path)} | "
+                   + f" | {pub['cpu_seconds'] / 60:.1f} | {_commit(run_out, name)} | "
                    f"{pub['machines'][0]} |")
     lines.append(f"| {seed} | LoRA − full | " + " | ".join(
         f"{values['LoRA r16'][k] - values['full'][k]:+.3f}" for k in METRICS) + " | | | |")

@@ -573,8 +573,8 @@ class MLP(Projections):
     u_btf = constrain(self.product("up_proj", x_btd), "btf")
     # silu(g) * u recomputed in the backward pass from g and u, as `_swiglu_bwd` does. jax saves
     # g and u either way, but differentiated through, the compiled update held one more [B, T, F]
-    # float32 array per layer (its temporaries, benchmarks/lora_update.py: 24 MiB a layer at
-    # 4096 tokens).
+    # float32 array per layer (benchmarks/lora_update.py prints the compiled step's temporaries;
+    # the figures are in docs/benchmarks.md).
     hidden_btf = constrain(jax.checkpoint(_silu_times)(g_btf, u_btf), "btf")
     return constrain(self.product("down_proj", hidden_btf), "btd")
 
