@@ -9,7 +9,9 @@
   * config: the run's config as JSON, so that a checkpoint says what produced it.
 
 Saves are asynchronous (the device-to-host copy blocks, the writing does not) every
-`save_every` steps, keeping the last `keep` ones. Orbax writes into a temporary directory and
+`save_every` steps and at a fresh run's first step (Orbax's initial save: a crash before the first
+interval loses no warm-up and no start evaluation), keeping the last `keep` ones. The state is
+written uncompressed (`_state_handler`). Orbax writes into a temporary directory and
 renames it when every item is complete, so a run killed mid-save leaves no step behind (the
 temporary directory is removed when the manager is next opened). A step directory that is
 complete but unreadable (a file lost or truncated afterwards) is skipped with a warning by
@@ -65,7 +67,7 @@ from ksjax import errors, files, model
 from ksjax.model import checkpoint as model_checkpoint
 from ksjax.model import lora, sharding
 from ksjax.run import policy
-from ksjax.run.directory import (CHECKPOINT_ITEMS, CONFIG_ITEM, DATA_ITEM, LORA_BASE_KEY,
+from ksjax.run.directory import (CONFIG_ITEM, DATA_ITEM, LORA_BASE_KEY,
                                  PARAMS_FIELD, STATE_ITEM, RunDirectory)
 
 
@@ -187,12 +189,26 @@ def verify_manifest(step_dir: str, prefix: str = "") -> bool:
   return True
 
 
+def _state_handler() -> ocp.PyTreeCheckpointHandler:
+  """The state item's handler: Orbax's PyTree handler, without compression.
+
+  Orbax's default (and its StandardCheckpointHandler's, which offers no switch) compresses each
+  array with zstd while it writes, buffering the compressed chunks: weights and Adam moments
+  hardly compress, so that bought a few percent of disk for about a GiB of buffers held through
+  the write (an asynchronous save overlaps the next step's sampling, so it lifted the run's peak)
+  and CPU time the run's budget counts. Figures: docs/benchmarks.md, "A run's peak memory".
+  Tensorstore reads the codec from each array's metadata, so compressed checkpoints (saved before
+  this) restore as before."""
+  return ocp.PyTreeCheckpointHandler(use_compression=False)
+
+
 class Checkpointer:
   """Saves and restores (TrainState, data iterator, config) under `directory`.
 
   Args:
     directory: where step directories go (created on first use).
-    save_every: save when step % save_every == 0 (and always when asked with force=True).
+    save_every: save when step % save_every == 0, at the first step saved into an empty directory
+      (Orbax's initial save), and always when asked with force=True.
     keep: how many of the most recent checkpoints to keep.
     use_async: write in a background thread.
   """
@@ -208,8 +224,11 @@ class Checkpointer:
     self._hasher: threading.Thread | None = None
 
   def _open(self) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(self.directory, options=self._options,
-                                 item_names=CHECKPOINT_ITEMS)
+    return ocp.CheckpointManager(
+        self.directory, options=self._options,
+        item_handlers={STATE_ITEM: _state_handler(),
+                       DATA_ITEM: grain.checkpoint.CheckpointHandler(),
+                       CONFIG_ITEM: ocp.JsonCheckpointHandler()})
 
   def steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -232,7 +251,7 @@ class Checkpointer:
     saved = self._manager.save(
         step, force=force,
         args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
+            STATE_ITEM: ocp.args.PyTreeSave(state),
             DATA_ITEM: grain.checkpoint.CheckpointSave(data_iterator),
             CONFIG_ITEM: ocp.args.JsonSave(dict(config))}))
     if saved:
@@ -292,7 +311,9 @@ class Checkpointer:
         with errors.quiet_if_it_fails():  # Orbax's log lines about a damaged step: in `reason`
           restored = self._manager.restore(
               step, args=ocp.args.Composite(**{
-                  STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                  STATE_ITEM: ocp.args.PyTreeRestore(
+                      item=abstract_state,
+                      restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state)),
                   DATA_ITEM: grain.checkpoint.CheckpointRestore(data_iterator),
                   CONFIG_ITEM: ocp.args.JsonRestore()}))
       except Exception as e:  # pylint: disable=broad-except

@@ -32,7 +32,6 @@ import os
 STATE_ITEM = "state"
 DATA_ITEM = "data"
 CONFIG_ITEM = "config"
-CHECKPOINT_ITEMS = (STATE_ITEM, DATA_ITEM, CONFIG_ITEM)
 PARAMS_FIELD = "params"
 # Under LoRA, the config item records the base the adapters belong to under this key, beside the
 # config (`ksjax.model.lora.base_record`): the trainer's resume and the eval binary check it.
