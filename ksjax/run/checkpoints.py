@@ -233,6 +233,12 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
+  def due(self, step: int, *, force: bool = False) -> bool:
+    """Whether `save(step, ..., force=force)` saves: Orbax's decision (the interval, a fresh
+    run's first step, a preemption), asked before the save by whoever must ready something that
+    belongs in the same checkpoint (the rollouts sampled ahead, `ksjax.trainer.async_rollouts`)."""
+    return step not in self._manager.all_steps() and (force or self._manager.should_save(step))
+
   def save(self, step: int, state: Any, data_iterator: grain.DatasetIterator,
            config: Mapping[str, Any], *, force: bool = False) -> bool:
     """Starts saving step `step` if it is due (or `force`); returns whether it did.
@@ -242,7 +248,7 @@ class Checkpointer:
     save's finalisation may delete old steps, this one included when keep=1)."""
     if step in self._manager.all_steps():
       return False
-    due = force or self._manager.should_save(step)
+    due = self.due(step, force=force)
     if due:
       self._manager.wait_until_finished()  # Orbax's save would wait for it anyway
     self._settle_manifests()

@@ -260,7 +260,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       if logged:
         writer.write(step, scalars)
       bar.update(scalars)
-      if ahead is not None and (last or step % spec.run.checkpoint_every == 0):
+      if ahead is not None and checkpointer.due(step, force=last):
         # Before Orbax saves the data iterator: the worker is idle once these are done.
         async_rollouts.save_pending(run_dir.workdir, step, ahead.settle(),
                                     min(checkpointer.steps(), default=None))

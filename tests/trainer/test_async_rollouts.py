@@ -201,6 +201,17 @@ def test_rollouts_ahead_log_their_lag_and_resume_exactly_with_rollouts_in_flight
   assert _params_sha256(straight) == _params_sha256(stopped)
 
 
+def test_every_checkpoint_saves_the_rollouts_ahead_orbaxs_first_step_save_included(tmp_path):
+  # Orbax saves a fresh run's first step whatever the interval; the rollouts sampled ahead of it
+  # must be written with it, or a resume from it skips the prompts the worker had drawn.
+  workdir = tmp_path / "run"
+  loop.run(_tiny_config(workdir, **{**ASYNC, "num_steps": 2, "checkpoint_every": 5}))
+  steps = checkpoints.Checkpointer(str(workdir / "checkpoints"), save_every=5, keep=4).steps()
+  assert steps == [1, 2]
+  assert sorted(os.listdir(workdir / async_rollouts.ROLLOUTS_DIR)) == ["1.rollouts",
+                                                                       "2.rollouts"]
+
+
 def test_the_sampler_gets_the_last_devices_and_bad_splits_are_refused():
   def spec(**overrides):
     return spec_lib.from_config(_tiny_config("unused", **overrides))
