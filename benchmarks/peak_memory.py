@@ -30,7 +30,8 @@ gap between `threshold` and `auto` is the allocator's retention, bought for spee
 seconds show its price). Every variant samples the same completions (same seed, same machine),
 so their steps keep the same rows. Peaks are per process: the reward workers are not counted.
 A checkpoint is saved every --checkpoint_every steps (default: once, after the last step, whose
-save the step log no longer sees); the decisive study saves every 4 of its 12 steps.
+save the step log no longer sees), and after the first step (Orbax's initial save); the decisive
+study saves every 4 of its 12 steps.
 """
 
 from __future__ import annotations
