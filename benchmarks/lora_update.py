@@ -1,8 +1,8 @@
 """One optimizer step of full fine-tuning, LoRA and QLoRA side by side, on SmolLM2-135M's shape.
 
     python benchmarks/lora_update.py [--variants=full,lora,qlora_int4] [--rows=32] \
-        [--columns=128] [--micro_batch=2] [--rank=16] [--targets=all] [--matmul_dtype=bfloat16] \
-        [--repeats=3] [--num_layers=30]
+        [--columns=128] [--prompt_len=0] [--micro_batch=2] [--rank=16] [--targets=all] \
+        [--matmul_dtype=bfloat16] [--repeats=3] [--num_layers=30]
 
 After the CPU line (`ksjax.machine.describe`), jax's version and the allocator line, each variant
 runs in a child process of its own, so that its peak resident memory is its own (the entry points'
@@ -19,11 +19,12 @@ allocator keeps what a process frees), one after the other:
               the floor of any adapter method at this shape: the forward plus the input
               gradients, what LoRA's step costs without its adapters.
 The step is the trainer's update itself (`ksjax.trainer.update.Updater`, plain policy gradient)
-on --rows x --columns random tokens, every row weighted, accumulated over micro-batches of
---micro_batch rows (2, the SmolLM2 configs' size; 4 before it), then one AdamW update of what
-trains. The model is randomly initialised with SmolLM2-135M's shape (30 layers, width 576, tied
-49152-token head; --num_layers fewer for a quick check), weights float32, matmul operands
---matmul_dtype as the SmolLM2 configs set it.
+on --rows x --columns random tokens, every row weighted (with --prompt_len P the first P columns
+are a prompt, as in a run: weight 0, and the head runs on the columns after them), accumulated
+over micro-batches of --micro_batch rows (2, the SmolLM2 configs' size; 4 before it), then one
+AdamW update of what trains. The model is randomly initialised with SmolLM2-135M's shape (30
+layers, width 576, tied 49152-token head; --num_layers fewer for a quick check), weights float32,
+matmul operands --matmul_dtype as the SmolLM2 configs set it.
 
 Each child prints its step's fastest wall time over --repeats (after a warm-up step that
 compiles), its peak resident memory during those steps and, apart, during the set-up (building,
@@ -121,12 +122,15 @@ def child(args) -> None:
   shape = (args.rows, args.columns)
   rows = MicroBatch(tokens=rng.integers(0, cfg.vocab_size, shape).astype(np.int32),
                     attention_mask=np.ones(shape, bool),
-                    token_weight=(rng.random(shape) / args.rows).astype(np.float32),
+                    token_weight=np.where(np.arange(args.columns) >= args.prompt_len,
+                                          rng.random(shape) / args.rows, 0).astype(np.float32),
                     behaviour_logp=np.zeros(shape, np.float32),
                     advantage=rng.standard_normal(args.rows).astype(np.float32))
   batch = updater.place(rows.split(args.micro_batch))
-  memory = updater.step_program(state, batch, 1).lower(state, batch).compile().memory_analysis()
-  state, _ = updater.step(state, batch, 1)  # compiles
+  prompt_len = max(args.prompt_len, 1)
+  memory = updater.step_program(state, batch, prompt_len).lower(state,
+                                                                batch).compile().memory_analysis()
+  state, _ = updater.step(state, batch, prompt_len)  # compiles
   jax.block_until_ready(state.params)
   gc.collect()
   setup_peak = allocator.peak_resident_gib()
@@ -134,7 +138,7 @@ def child(args) -> None:
   best = float("inf")
   for _ in range(args.repeats):
     start = time.perf_counter()
-    state, _ = updater.step(state, batch, 1)
+    state, _ = updater.step(state, batch, prompt_len)
     jax.block_until_ready(state.params)
     best = min(best, time.perf_counter() - start)
   print(json.dumps({
@@ -156,6 +160,8 @@ def main() -> None:
   parser.add_argument("--variants", default="full,lora,qlora_int4")
   parser.add_argument("--rows", type=int, default=32)
   parser.add_argument("--columns", type=int, default=128)
+  parser.add_argument("--prompt_len", type=int, default=0,
+                      help="columns that are a prompt (weight 0), as the trainer lays a row out")
   parser.add_argument("--micro_batch", type=int, default=2)
   parser.add_argument("--rank", type=int, default=16)
   parser.add_argument("--targets", default="all", choices=("attention", "mlp", "all"),
@@ -181,9 +187,10 @@ def main() -> None:
   print(f"CPU: {machine.describe()}; jax {jax.__version__}; {allocator.allocator_line()}",
         flush=True)
   layers = args.num_layers or SMOLLM2_135M["num_layers"]
-  print(f"SmolLM2-135M's shape ({layers} layers), {args.rows} rows x {args.columns} tokens in "
-        f"micro-batches of {args.micro_batch}, matmul operands {args.matmul_dtype}, LoRA rank "
-        f"{args.rank} on {TARGETS[args.targets]}; fastest of {args.repeats} steps", flush=True)
+  print(f"SmolLM2-135M's shape ({layers} layers), {args.rows} rows x {args.columns} tokens "
+        f"({args.prompt_len} of them a prompt) in micro-batches of {args.micro_batch}, matmul "
+        f"operands {args.matmul_dtype}, LoRA rank {args.rank} on {TARGETS[args.targets]}; "
+        f"fastest of {args.repeats} steps", flush=True)
   results = []
   for variant in variants:
     command = [sys.executable, os.path.abspath(__file__), f"--variant={variant}"] + [

@@ -286,23 +286,31 @@ _chunks.defvjp(_chunks_fwd, _chunks_bwd)
 
 def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | None = None,
                    temperature: float = 1.0, seq_chunk: int | None = None,
-                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
+                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+                   start: int = 1) -> tuple[jax.Array, jax.Array]:
   """Per-token log-probs and entropies of `tokens` under `llama` at `temperature`, float32 [B, T].
 
   logp[b, t] = log softmax(logits[b, t-1] / temperature)[tokens[b, t]] and entropy[b, t] is the
-  entropy of that distribution, for t >= 1. Both are 0 at t = 0, wherever the mask is 0, and at
-  the first real token of a left-padded row (only padding precedes it, so nothing predicts it).
+  entropy of that distribution, for t >= start (at least 1). Both are 0 before `start`, wherever
+  the mask is 0, and at the first real token of a left-padded row (only padding precedes it, so
+  nothing predicts it).
+
+  `start` (a static column): the trainer passes its prompt length, since its losses read the
+  completions' log-probs only. Every position still runs through the decoder (the completions
+  attend to the prompt), but the head, a fifth of a token's forward FLOPs at SmolLM2's shape and
+  a quarter of its update's, runs on the columns asked for.
   """
   b, t = tokens_bt.shape
+  start = max(int(start), 1)
   mask_bt = (jnp.ones((b, t), bool) if attention_mask_bt is None
              else attention_mask_bt.astype(bool))
   hidden_btd = llama.hidden(tokens_bt, attention_mask=mask_bt)
   w, vocab_axis = llama.head_weight()
-  logp_bn, ent_bn = chunked_logprobs(hidden_btd[:, :-1], w, vocab_axis, tokens_bt[:, 1:],
-                                     temperature, seq_chunk, vocab_chunk,
+  logp_bn, ent_bn = chunked_logprobs(hidden_btd[:, start - 1:-1], w, vocab_axis,
+                                     tokens_bt[:, start:], temperature, seq_chunk, vocab_chunk,
                                      llama.cfg.operand_dtype)
-  keep_bn = mask_bt[:, 1:] & mask_bt[:, :-1]
-  pad = jnp.zeros((b, 1), jnp.float32)
+  keep_bn = mask_bt[:, start:] & mask_bt[:, start - 1:-1]
+  pad = jnp.zeros((b, start), jnp.float32)
   logp_bt = jnp.concatenate([pad, jnp.where(keep_bn, logp_bn, 0.0)], axis=1)
   ent_bt = jnp.concatenate([pad, jnp.where(keep_bn, ent_bn, 0.0)], axis=1)
   return logp_bt, ent_bt

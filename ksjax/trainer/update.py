@@ -68,7 +68,8 @@ def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperat
   metric sums (added up over micro-batches). For ppo `advantage` holds the return R_i; the
   advantage is R_i - V_old(x). Log-probs are taken at the sampling `temperature`, so that they
   describe the distribution the completions were drawn from."""
-  logp_rt, _ = model.token_logprobs(llama, mb.tokens, mb.attention_mask, temperature)
+  logp_rt, _ = model.token_logprobs(llama, mb.tokens, mb.attention_mask, temperature,
+                                    start=prompt_len)
   weight_rt = mb.token_weight
   on_rt = (weight_rt > 0).astype(jnp.float32)
   metrics = {"tokens": on_rt.sum()}
@@ -336,8 +337,9 @@ class Updater:
               values: bool = False, prompt_len: int = 0,
               count: int | None = None) -> dict[str, jax.Array]:
     """Forward only, micro-batch by micro-batch over the first `count` of the M (None: all):
-    per-token log-probs [M, m, T] of `tokens_mmt` at the loss temperature, and with `values` the
-    prompt values V(x) [M, m]; zeros in the micro-batches not run."""
+    per-token log-probs [M, m, T] of `tokens_mmt` at the loss temperature (0 in the first
+    `prompt_len` columns: the head runs on the completions' alone), and with `values` the prompt
+    values V(x) [M, m]; zeros in the micro-batches not run."""
     num_micro = tokens_mmt.shape[0]
     count = num_micro if count is None else count
     key = (values, prompt_len, tokens_mmt.shape)
@@ -348,7 +350,8 @@ class Updater:
         def one(tokens_rt, mask_rt):
           llama = lora.join(graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
-            out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature)[0]}
+            out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature,
+                                                start=prompt_len)[0]}
             if values:
               out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
           return out

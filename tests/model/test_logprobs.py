@@ -75,6 +75,32 @@ def test_gradients_equal_those_of_the_direct_computation(tied, temperature, seq_
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("start", [0, 1, 4, 12])
+def test_from_a_start_column_the_log_probs_and_their_gradient_are_the_whole_rows(start):
+  """`start` (the trainer's prompt length) runs the head on columns >= start only: those columns
+  are the whole computation's, earlier ones 0, and a loss that weights only those columns has
+  the whole computation's gradient."""
+  cfg = model.preset("tiny", tie_embeddings=True)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(3))
+  tokens, mask = _batch(cfg.vocab_size)
+  weights = jax.random.normal(jax.random.key(1), tokens.shape)
+  weights = jnp.where(jnp.arange(tokens.shape[1])[None] >= start, weights, 0.0)
+  whole = nnx.jit(lambda m: model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5))(llama)
+  part = nnx.jit(lambda m: model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5,
+                                                start=start))(llama)
+  for got, ref in zip(part, whole):
+    assert got.shape == tokens.shape
+    np.testing.assert_allclose(got[:, start:], ref[:, start:], atol=1e-5, rtol=0)
+    assert float(jnp.abs(got[:, :max(start, 1)]).max()) == 0.0
+
+  def grad(**kw):
+    f = lambda m: (weights * model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5, **kw)[0]).sum()
+    return nnx.jit(nnx.grad(f))(llama)
+
+  for g, r in zip(jax.tree.leaves(grad(start=start)), jax.tree.leaves(grad())):
+    np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
+
+
 def test_128k_vocabulary_never_holds_the_full_logits():
   """Compiled temporary memory is bounded by a quarter of one [B, T, V] float32 logits array."""
   vocab, b, t = 128256, 2, 256

@@ -356,8 +356,13 @@ def test_non_finite_loss_skips_the_update_and_is_counted():
 def test_two_device_mesh_gives_the_loss_of_one_device():
   assert jax.device_count() >= 2, "tests/conftest.py provides 8 fake CPU devices"
   config = _pass_at_k_config(baseline="loo_demeaned", kl_coef=0.1)
-  one = learn_once(config, mesh=model.make_mesh((1, 1, 1)))
-  two = learn_once(config, mesh=model.make_mesh((2, 1, 1)))
+  # Groups 0 and 2 with a unique correct completion: a gradient to compare, not rounding noise
+  # (with every reward equal the advantages are all 0, and at the start the KL's gradient is 0).
+  answers = np.ones((4, 8), int)
+  answers[0, 5] = answers[2, 0] = 0
+  one = learn_once(config, mesh=model.make_mesh((1, 1, 1)), answer_ids=answers)
+  two = learn_once(config, mesh=model.make_mesh((2, 1, 1)), answer_ids=answers)
+  assert one[2]["optim/grad_norm"] > 1e-3
   np.testing.assert_allclose(two[2]["loss/total"], one[2]["loss/total"], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(two[2]["optim/grad_norm"], one[2]["optim/grad_norm"], rtol=1e-5)
   assert max_abs_diff(one[1].params, two[1].params) < PARAMS_ATOL
