@@ -1,5 +1,7 @@
 """Chunked per-token log-probs and entropies against the direct full-logits computation."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,17 +77,27 @@ def test_gradients_equal_those_of_the_direct_computation(tied, temperature, seq_
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
 
 
+@functools.cache
+def _whole_rows():
+  """The tiny model, its batch, the whole computation's log-probs and its gradient program (one
+  compilation for every start: the weights are an argument)."""
+  cfg = model.preset("tiny", tie_embeddings=True)
+  llama = model.Llama(cfg, rngs=nnx.Rngs(3))
+  tokens, mask = _batch(cfg.vocab_size)
+  whole = nnx.jit(lambda m: model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5))(llama)
+  grad = nnx.jit(nnx.grad(lambda m, w: (w * model.token_logprobs(m, tokens, mask, 1.0,
+                                                                  seq_chunk=5)[0]).sum()))
+  return llama, tokens, mask, whole, grad
+
+
 @pytest.mark.parametrize("start", [0, 4, 12])  # 0 is 1 (clamped); 12 is T - 1
 def test_from_a_start_column_the_log_probs_and_their_gradient_are_the_whole_rows(start):
   """`start` (the trainer's prompt length) runs the head on columns >= start only: those columns
   are the whole computation's, earlier ones 0, and a loss that weights only those columns has
   the whole computation's gradient."""
-  cfg = model.preset("tiny", tie_embeddings=True)
-  llama = model.Llama(cfg, rngs=nnx.Rngs(3))
-  tokens, mask = _batch(cfg.vocab_size)
+  llama, tokens, mask, whole, whole_grad = _whole_rows()
   weights = jax.random.normal(jax.random.key(1), tokens.shape)
   weights = jnp.where(jnp.arange(tokens.shape[1])[None] >= start, weights, 0.0)
-  whole = nnx.jit(lambda m: model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5))(llama)
   part = nnx.jit(lambda m: model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5,
                                                 start=start))(llama)
   for got, ref in zip(part, whole):
@@ -93,11 +105,9 @@ def test_from_a_start_column_the_log_probs_and_their_gradient_are_the_whole_rows
     np.testing.assert_allclose(got[:, start:], ref[:, start:], atol=1e-5, rtol=0)
     assert float(jnp.abs(got[:, :max(start, 1)]).max()) == 0.0
 
-  def grad(**kw):
-    f = lambda m: (weights * model.token_logprobs(m, tokens, mask, 1.0, seq_chunk=5, **kw)[0]).sum()
-    return nnx.jit(nnx.grad(f))(llama)
-
-  for g, r in zip(jax.tree.leaves(grad(start=start)), jax.tree.leaves(grad())):
+  part_grad = nnx.jit(nnx.grad(lambda m: (weights * model.token_logprobs(
+      m, tokens, mask, 1.0, seq_chunk=5, start=start)[0]).sum()))(llama)
+  for g, r in zip(jax.tree.leaves(part_grad), jax.tree.leaves(whole_grad(llama, weights))):
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
 
 
