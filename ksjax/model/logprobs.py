@@ -317,9 +317,9 @@ def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | N
 
 
 def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, prompt_len: int,
-                          group: int) -> jax.Array:
-  """`token_logprobs(llama, tokens, mask)[0][:, prompt_len:]` (temperature 1) for rows that come
-  in groups sharing one prompt, each prompt run once: float32 log-probs [B, N] of the completions.
+                          group: int, temperature: float = 1.0) -> jax.Array:
+  """`token_logprobs(llama, tokens, mask, temperature)[0][:, prompt_len:]` for rows that come in
+  groups sharing one prompt, each prompt run once: float32 log-probs [B, N] of the completions.
 
   Rows g * group .. g * group + group - 1 hold the same left-padded prompt in columns
   [0, prompt_len) (the caller's contract; not checked) and their own completions after it, as
@@ -329,7 +329,8 @@ def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, promp
   weights see B / group * T + B * N positions instead of B * (T + N), and the head only the
   completions' (and each prompt's last). Why: the evaluation's KL scores every sample of a
   problem against a reference, and with its 16 samples per problem and the arithmetic prompts
-  longer than their answers, the full forward spent most of its time recomputing each prompt.
+  longer than their answers, the full forward spent most of its time recomputing each prompt;
+  the trainer's reference forward reads a rollout's groups the same way.
 
   The same sums in another order: equal to the full forward within float32 rounding (tested).
   """
@@ -353,7 +354,7 @@ def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, promp
   # Token j is predicted by the position before it: the prompt's last for j = 0.
   before_bnd = jnp.concatenate([repeat(hidden_ptd[:, -1:]), hidden_bnd[:, :-1]], axis=1)
   w, vocab_axis = llama.head_weight()
-  logp_bn, _ = chunked_logprobs(before_bnd, w, vocab_axis, completion_bn,
+  logp_bn, _ = chunked_logprobs(before_bnd, w, vocab_axis, completion_bn, temperature,
                                 operand_dtype=llama.cfg.operand_dtype)
   keep_bn = mask_bs[:, t:] & mask_bs[:, t - 1:-1]  # as token_logprobs' keep
   return jnp.where(keep_bn, logp_bn, 0.0)

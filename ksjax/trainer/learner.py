@@ -21,6 +21,7 @@ from their group's weight).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,14 +42,35 @@ def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, m
   The rows are laid out as the update lays them out (`sparse.layout`, micro-batches of `micro`
   rows in a batch of the rollout's size), so that one program serves every number of rows."""
   selection = sparse.layout(rows, len(rollout.tokens_rt), updater.batch_shards, micro, micro)
+  return _forward(updater, params, rollout, selection, len(rows), values=values)
+
+
+def reference_rows(updater: Updater, params, rollout: Rollout, micro: int) -> np.ndarray:
+  """Log-probs [R, T] of every row of `rollout` (whole groups of `rollout.num_samples`, prompt-
+  major) under `params`, forward only: the reference's, for the KL penalty and the logged KL.
+
+  Each micro-batch holds whole groups (`micro` rounded up to a multiple of the group and of the
+  batch shards; a micro-batch's padding rows are copies of row 0, whole groups of them), so each
+  prompt runs once for its group (`Updater.forward`'s `group`). Where the layout cannot hold
+  whole groups, the rows run one by one as `forward_rows` runs them."""
+  n, total, shards = rollout.num_samples, len(rollout.tokens_rt), updater.batch_shards
+  grouped = math.lcm(-(-micro // n) * n, shards)
+  selection = sparse.layout(np.arange(total), total, shards, grouped, grouped)
+  if total % n or selection.micro % n:  # groups that no micro-batch size holds whole
+    n, selection = 1, sparse.layout(np.arange(total), total, shards, micro, micro)
+  return _forward(updater, params, rollout, selection, total, group=n)["logp"]
+
+
+def _forward(updater: Updater, params, rollout: Rollout, selection: sparse.Selection, rows: int,
+             **options) -> dict[str, np.ndarray]:
   split = lambda v: v.reshape(len(selection.rows) // selection.micro, selection.micro,
                               *v.shape[1:])
   tokens_mmt, mask_mmt = (updater.place_rows(split(v[selection.rows])) for v in (
       rollout.tokens_rt, rollout.attention_mask_rt))
-  out = updater.forward(params, tokens_mmt, mask_mmt, values=values,
-                        prompt_len=rollout.prompt_len, count=selection.count)
+  out = updater.forward(params, tokens_mmt, mask_mmt, prompt_len=rollout.prompt_len,
+                        count=selection.count, **options)
   out = distributed.to_host(out)
-  return {k: np.asarray(v).reshape(len(selection.rows), *v.shape[2:])[:len(rows)]
+  return {k: np.asarray(v).reshape(len(selection.rows), *v.shape[2:])[:rows]
           for k, v in out.items()}
 
 

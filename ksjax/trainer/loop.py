@@ -223,9 +223,8 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
       batch = drawn.update
       ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
       if len(drawn.kept) and spec.loss.reference_at(step + 1, spec.run.num_steps):
-        ref_logp_rt = learner.forward_rows(updater, ref_params, batch,
-                                           np.arange(len(drawn.update_advantage_r)),
-                                           spec.loss.micro_batch_size)["logp"]
+        ref_logp_rt = learner.reference_rows(updater, ref_params, batch,
+                                             spec.loss.micro_batch_size)
       timer.lap("time/reference")
       # No group with signal (dynamic sampling at its cap): no optimizer step at all.
       update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0}

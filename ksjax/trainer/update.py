@@ -37,7 +37,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ksjax import model
-from ksjax.model import lora
+from ksjax.model import logprobs, lora
 from ksjax.run.spec import LossSpec, TrainSpec
 from ksjax.trainer import batch as batch_lib
 from ksjax.trainer import losses
@@ -334,15 +334,23 @@ class Updater:
     return _WithFrozen(step, self)
 
   def forward(self, params: nnx.State, tokens_mmt: jax.Array, mask_mmt: jax.Array, *,
-              values: bool = False, prompt_len: int = 0,
-              count: int | None = None) -> dict[str, jax.Array]:
+              values: bool = False, prompt_len: int = 0, count: int | None = None,
+              group: int = 1) -> dict[str, jax.Array]:
     """Forward only, micro-batch by micro-batch over the first `count` of the M (None: all):
     per-token log-probs [M, m, T] of `tokens_mmt` at the loss temperature (0 in the first
     `prompt_len` columns: the head runs on the completions' alone), and with `values` the prompt
-    values V(x) [M, m]; zeros in the micro-batches not run."""
-    num_micro = tokens_mmt.shape[0]
+    values V(x) [M, m]; zeros in the micro-batches not run.
+
+    `group` > 1: each micro-batch is whole groups of `group` rows that share their prompt (a
+    rollout's layout), so each prompt runs once and its rows' completions over its KV cache
+    (`logprobs.continuation_logprobs`, equal within float32 rounding): the reference forward,
+    whose 4 samples per prompt ran the prompt 4 times."""
+    num_micro, micro = tokens_mmt.shape[:2]
     count = num_micro if count is None else count
-    key = (values, prompt_len, tokens_mmt.shape)
+    group = 1 if values or prompt_len < 1 else group
+    if micro % group:
+      raise ValueError(f"micro-batches of {micro} rows do not hold whole groups of {group}")
+    key = (values, prompt_len, group, tokens_mmt.shape)
     if key not in self._forwards:
       graphdef, temperature = self.graphdef, self.temperature
 
@@ -350,6 +358,11 @@ class Updater:
         def one(tokens_rt, mask_rt):
           llama = lora.join(graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
+            if group > 1:
+              logp_rn = logprobs.continuation_logprobs(llama, tokens_rt, mask_rt, prompt_len,
+                                                       group, temperature)
+              pad = jnp.zeros((logp_rn.shape[0], prompt_len), jnp.float32)
+              return {"logp": jnp.concatenate([pad, logp_rn], axis=1)}
             out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature,
                                                 start=prompt_len)[0]}
             if values:

@@ -273,22 +273,24 @@ def test_a_bad_value_on_the_command_line_exits_2_with_one_line(tmp_path):
 def test_a_run_logs_dynamic_metrics_and_updates_on_signal_groups_only(tmp_path, monkeypatch):
   hashed_rewards(monkeypatch)
   updates, references, scored = [], [], []
-  learn, forward_rows, batch_metrics = learner.learn, learner.forward_rows, rollout.batch_metrics
+  learn, reference_rows, batch_metrics = (learner.learn, learner.reference_rows,
+                                          rollout.batch_metrics)
 
   def recording_learn(updater, state, batch, advantage_r, *args, **kwargs):
     updates.append((batch, np.array(advantage_r)))
     return learn(updater, state, batch, advantage_r, *args, **kwargs)
 
-  def recording_forward(updater, params, batch, rows, *args, **kwargs):
-    references.append(len(rows))
-    return forward_rows(updater, params, batch, rows, *args, **kwargs)
+  def recording_reference(updater, params, batch, *args, **kwargs):
+    out = reference_rows(updater, params, batch, *args, **kwargs)
+    references.append(len(out))
+    return out
 
   def recording_metrics(batch, k):
     scored.append(len(batch.prompts))
     return batch_metrics(batch, k)
 
   monkeypatch.setattr(learner, "learn", recording_learn)
-  monkeypatch.setattr(learner, "forward_rows", recording_forward)
+  monkeypatch.setattr(learner, "reference_rows", recording_reference)
   monkeypatch.setattr(rollout, "batch_metrics", recording_metrics)
   workdir = tmp_path / "run"
   loop.run(_tiny_config(workdir, num_steps=4, **DYNAMIC))

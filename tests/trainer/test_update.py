@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from ksjax import model
+from ksjax.model import logprobs
 from ksjax.config_validation import ConfigError
 from ksjax.run import spec as spec_lib
 from ksjax.trainer import learner, rollout, sparse, update
@@ -96,8 +97,7 @@ def learn_once(config, *, mesh=None, seed=0, rollout_=None, ref=False, answer_id
   adv = spec.estimator.advantages(batch.rewards_bn, batch.answer_ids_bn)
   ref_logp = None
   if ref or config.kl_coef > 0:
-    ref_logp = learner.forward_rows(updater, state.params, batch, np.arange(len(adv.ravel())),
-                                    spec.loss.micro_batch_size)["logp"]
+    ref_logp = learner.reference_rows(updater, state.params, batch, spec.loss.micro_batch_size)
   before = jax.tree.map(np.asarray, state.params)
   state, metrics = learner.learn(updater, state, batch, adv.reshape(-1),
                                  np.asarray(jax.random.PRNGKey(seed)), ref_logp)
@@ -401,6 +401,42 @@ def test_bad_field_is_one_error_naming_it(overrides, field):
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as error:
     spec_lib.from_config(config)
   assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("mesh_shape,micro,prompts,rows_per_micro", [
+    ((1, 1, 1), 2, 4, 4), ((2, 1, 1), 2, 4, 4),
+    ((8, 1, 1), 4, 4, 8),   # 2 groups a micro-batch, each shard half a group
+    ((1, 1, 1), 8, 3, 8),   # 12 rows in micro-batches of 8: the last one padded by a group
+])
+def test_the_reference_runs_each_prompt_once_and_gives_every_rows_log_probs(
+    mesh_shape, micro, prompts, rows_per_micro, monkeypatch):
+  """`reference_rows` (the loop's reference forward) lays whole groups in each micro-batch and
+  runs each prompt once (`continuation_logprobs`): every row's log-probs are the row-by-row
+  forward's within float32 rounding, at the loss temperature, 0 in the prompt columns."""
+  config = tiny(load_config(os.path.join(CONFIG_DIR, "pass_at_k.py")), k=4, temperature=0.7,
+                micro_batch_size=micro)
+  spec = spec_lib.from_config(config)
+  mesh = model.make_mesh(mesh_shape)
+  graphdef, params = nnx.split(model.shard(tiny_llama(seed=3), mesh))
+  updater = update.build_updater(spec, graphdef, mesh)  # its own: traced here, not reused
+  groups = []
+  continuation = logprobs.continuation_logprobs
+
+  def counting(llama, tokens, mask, prompt_len, group, temperature):
+    groups.append((tokens.shape[0], group, temperature))
+    return continuation(llama, tokens, mask, prompt_len, group, temperature)
+
+  monkeypatch.setattr(logprobs, "continuation_logprobs", counting)
+  batch = fake_rollout(prompts, 4, seed=5)
+  rows, p = len(batch.tokens_rt), batch.prompt_len
+  batch.tokens_rt[:, :p] = np.repeat(batch.tokens_rt[::4, :p], 4, axis=0)  # as a sampler's rows
+  shared = learner.reference_rows(updater, params, batch, micro)
+  whole = learner.forward_rows(updater, params, batch, np.arange(rows), micro)["logp"]
+  assert groups and set(groups) == {(rows_per_micro, 4, 0.7)}  # traced for shapes, then run
+  assert shared.shape == whole.shape == batch.tokens_rt.shape
+  assert not shared[:, :p].any()
+  assert np.abs(whole).max() > 0.1
+  np.testing.assert_allclose(shared, whole, atol=2e-5, rtol=0)
 
 
 def test_unknown_field_is_refused():
