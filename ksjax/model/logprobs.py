@@ -297,8 +297,8 @@ def token_logprobs(llama, tokens_bt: jax.Array, attention_mask_bt: jax.Array | N
 
   `start` (a static column): the trainer passes its prompt length, since its losses read the
   completions' log-probs only. Every position still runs through the decoder (the completions
-  attend to the prompt), but the head, a fifth of a token's forward FLOPs at SmolLM2's shape and
-  a quarter of its update's, runs on the columns asked for.
+  attend to the prompt), but the head, a large share of a token's FLOPs where the vocabulary is
+  large beside the width (docs/benchmarks.md), runs on the columns asked for.
   """
   b, t = tokens_bt.shape
   start = max(int(start), 1)
