@@ -58,14 +58,14 @@ def batch(args, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def trainer_ways(args, llama, mesh, tokens, mask) -> dict:
   """The trainer's reference forward both ways, on a rollout of these rows (only its tokens and
-  masks are read) and the trainer's own update program (`update.build_updater`'s Updater)."""
+  masks are read) and the trainer's own programs (an `update.Updater` of that micro-batch)."""
   import optax  # pylint: disable=import-outside-toplevel
   from ksjax.run.spec import LossSpec  # pylint: disable=import-outside-toplevel
   from ksjax.trainer import learner, rollout, update  # pylint: disable=import-outside-toplevel
 
   graphdef, params = nnx.split(llama)
-  updater = update.Updater(graphdef, optax.adamw(1e-5), LossSpec(micro_batch_size=args.micro_batch),
-                           mesh)
+  updater = update.Updater(graphdef, optax.adamw(1e-5),
+                           LossSpec(micro_batch_size=args.micro_batch), mesh)
   t, rows = args.prompt_len, len(tokens)
   completion = mask & (np.arange(tokens.shape[1]) >= t)[None]
   zeros = np.zeros((args.prompts, args.samples), np.float32)

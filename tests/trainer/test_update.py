@@ -45,10 +45,12 @@ def tiny_llama(value_head=False, seed=0):
 
 
 def fake_rollout(b, n, *, seed=0, prompt_len=6, new=6, answer_ids=None):
-  """B prompts x n completions of random tokens; rewards +-1 by answer class (class 0 correct)."""
+  """B prompts x n completions of random tokens, each group's rows sharing its prompt as a
+  sampler's do; rewards +-1 by answer class (class 0 correct)."""
   rng = np.random.default_rng(seed)
   r, t = b * n, prompt_len + new
   tokens = rng.integers(4, VOCAB, size=(r, t)).astype(np.int32)
+  tokens[:, :prompt_len] = np.repeat(tokens[::n, :prompt_len], n, axis=0)  # a group's one prompt
   prompt_lengths = np.repeat(rng.integers(2, prompt_len + 1, size=b), n)
   lengths = rng.integers(1, new + 1, size=r)
   cols = np.arange(t)[None]
@@ -429,7 +431,6 @@ def test_the_reference_runs_each_prompt_once_and_gives_every_rows_log_probs(
   monkeypatch.setattr(logprobs, "continuation_logprobs", counting)
   batch = fake_rollout(prompts, 4, seed=5)
   rows, p = len(batch.tokens_rt), batch.prompt_len
-  batch.tokens_rt[:, :p] = np.repeat(batch.tokens_rt[::4, :p], 4, axis=0)  # as a sampler's rows
   shared = learner.reference_rows(updater, params, batch, micro)
   whole = learner.forward_rows(updater, params, batch, np.arange(rows), micro)["logp"]
   assert groups and set(groups) == {(rows_per_micro, 4, 0.7)}  # traced for shapes, then run
