@@ -57,12 +57,17 @@ VARIANTS = {
 }
 
 
-def _plan_peak(config: str, prompt_len: int, out: str, overrides: list[str]) -> float:
-  """The memory plan's per-device peak, GiB."""
+def _plan_peak(config: str, prompt_len: int, out: str, overrides: list[str],
+               cache: str = "off") -> float:
+  """The memory plan's per-device peak, GiB, planned with the compilation cache `cache`
+  (KSJAX_COMPILATION_CACHE) as the run it is set beside: the plan counts what its compiled
+  programs hold in its process, and an executable read back from the cache holds more than one
+  just compiled."""
   path = os.path.join(out, "plan.json")
+  env = dict(os.environ, KSJAX_COMPILATION_CACHE=cache)
   subprocess.run([sys.executable, "-m", "ksjax.tools.plan", f"--config={config}",
                   f"--prompt_len={prompt_len}", f"--json_out={path}", *overrides],
-                 check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                 check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
   with open(path) as f:
     plan = json.load(f)
   return plan["peak"] / 2**30
@@ -122,12 +127,16 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as out:
     planned = _plan_peak(args.config, args.prompt_len, out, overrides)
     print(f"{args.config} {' '.join(overrides)}, {args.steps} steps; the memory plan's peak: "
-          f"{planned:.2f} GiB\n")
+          f"{planned:.2f} GiB (no compilation cache; `cached` is set beside its own plan)\n")
     print("| variant | peak RSS after each step, GiB | whole run | whole / plan | "
           "update s per step | rows kept |")
     print("|---|---|---|---|---|---|")
     for variant in variants:
       lines, whole = _run(args.config, args.steps, variant, out, overrides)
+      if variant == "cached":  # planned from the cache the run read its programs from
+        planned = _plan_peak(args.config, args.prompt_len, out, overrides,
+                             cache=os.path.join(out, "compilation_cache"))
+        print(f"(the plan from that cache: {planned:.2f} GiB)")
       peaks = [line["memory/peak_rss_gib"] for line in lines]
       updates = ", ".join(f"{line['time/update']:.1f}" for line in lines)
       kept = ", ".join(f"{line['update/rows_fraction']:.2f}" for line in lines)

@@ -239,3 +239,31 @@ def release_free_memory() -> bool:
 
 
 _MALLOC_TRIM = None  # glibc's malloc_trim once looked up; False where the C library has none
+
+
+def allocated_bytes() -> int | None:
+  """Bytes glibc's malloc has handed out and not taken back (`mallinfo2`: its arenas' chunks in
+  use plus its mapped blocks), or None where that is not what this process's malloc reports: a
+  preloaded allocator (jemalloc and the like replace malloc, and glibc's figures would then count
+  only glibc's own, unused arenas), or a C library without `mallinfo2` (glibc before 2.33,
+  macOS, musl).
+
+  Why not the resident memory: the pages glibc keeps after a free, and huge pages partly used,
+  make the resident memory move by more or less than what was allocated, while the memory plan
+  needs what a program holds (`memory_plan.held_since`)."""
+  if any(_is_allocator(p, os.environ) for p in _preloaded(dict(os.environ))):
+    return None
+  import ctypes  # pylint: disable=g-import-not-at-top
+
+  class _Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2, every field a size_t
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+  try:
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+  except (AttributeError, OSError):
+    return None
+  mallinfo2.restype = _Mallinfo2
+  info = mallinfo2()
+  return int(info.uordblks + info.hblkhd)

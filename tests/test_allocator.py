@@ -179,3 +179,19 @@ def test_release_free_memory_hands_back_the_pages_glibc_kept_after_frees():
     assert has_trim and released_mib > 150, out
   else:
     assert not has_trim and released_mib == 0, out
+
+
+def test_allocated_bytes_follows_glibcs_allocations_and_declines_another_malloc(monkeypatch):
+  monkeypatch.delenv("LD_PRELOAD", raising=False)
+  before = allocator.allocated_bytes()
+  if platform.libc_ver()[0] != "glibc":
+    assert before is None
+    return
+  block = bytearray(128 * 2**20)
+  held = allocator.allocated_bytes() - before
+  del block
+  assert 128 * 2**20 <= held < 136 * 2**20
+  assert allocator.allocated_bytes() - before < 8 * 2**20
+  # With jemalloc preloaded glibc's figures would count only its own idle arenas.
+  monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
+  assert allocator.allocated_bytes() is None

@@ -44,9 +44,12 @@ The host process. On a CPU backend the devices' memory is the process's own, whi
 interpreter, the libraries and the backend before any buffer exists: a plan of this machine's CPU
 devices (`plan(..., host=True)`, as `python -m ksjax.tools.plan` without --fake_devices makes it)
 counts that too, measured in a fresh child interpreter that imports the trainer and starts the
-backend (`host_process_bytes`). The compiled programs' code and what the runtime allocates beside
-XLA's buffer assignment are not counted (docs/benchmarks.md measures them). Accelerator plans
-count device memory alone.
+backend (`host_process_bytes`), and what the process keeps for each program the plan compiles
+(the executable and jit's forms of it, beside XLA's buffer assignment), measured by glibc's
+malloc across a compile at the model's own depth (`held_since`; not measured where malloc is not
+glibc's). Programs the plan does not compile (the reference forward, other row buckets of sparse
+updates, the small ones) are not counted.
+Accelerator plans count device memory alone.
 
 Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
 when run on them (the trainer's start-up check), or fake CPU devices (`python -m
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import math
 import subprocess
 import sys
@@ -71,7 +75,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from ksjax import model
+from ksjax import allocator, model
 from ksjax.config_validation import ConfigError
 from ksjax.model import lora, sharding
 from ksjax.run import policy
@@ -127,17 +131,19 @@ def device_bytes(tree: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramMemory:
-  """Per-device bytes of one compiled program (`Compiled.memory_analysis()`)."""
+  """Per-device bytes of one compiled program (`Compiled.memory_analysis()`), and on this
+  machine's CPU backend what the process keeps for it (`held_since`)."""
   arguments: int
   outputs: int
   aliased: int   # outputs written into donated arguments
   temps: int     # everything else the program allocates while it runs
+  held: int = 0  # the process's, for as long as the program is kept (0: not measured)
 
   @classmethod
-  def of(cls, compiled: jax.stages.Compiled) -> "ProgramMemory":
+  def of(cls, compiled: jax.stages.Compiled, held: int = 0) -> "ProgramMemory":
     m = compiled.memory_analysis()
     return cls(arguments=int(m.argument_size_in_bytes), outputs=int(m.output_size_in_bytes),
-               aliased=int(m.alias_size_in_bytes), temps=int(m.temp_size_in_bytes))
+               aliased=int(m.alias_size_in_bytes), temps=int(m.temp_size_in_bytes), held=held)
 
   @property
   def peak(self) -> int:
@@ -265,21 +271,25 @@ def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Sh
 
 
 def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
-                   shapes: Shapes) -> ProgramMemory:
-  """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating."""
-  held = abstract_policy(spec, cfg, mesh)
-  updater = held.updater(spec, mesh)
-  state = updater.abstract_state(held.trainable)
+                   shapes: Shapes, measure: bool = False) -> ProgramMemory:
+  """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating;
+  with `measure`, also what the compiled program holds in this process (`held_since`)."""
+  policy_shapes = abstract_policy(spec, cfg, mesh)
+  updater = policy_shapes.updater(spec, mesh)
+  state = updater.abstract_state(policy_shapes.trainable)
   batch = batch_lib.abstract(spec.loss, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
                              seq_len=shapes.prompt_len + shapes.max_new_tokens)
-  step = updater.step_program(state, batch, shapes.prompt_len)
-  return ProgramMemory.of(step.lower(state, batch).compile())
+  before = allocated_now() if measure else None
+  compiled = updater.step_program(state, batch, shapes.prompt_len).lower(state, batch).compile()
+  return ProgramMemory.of(compiled, held_since(before))
 
 
 def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *,
                     prompts: int, samples: int, prompt_len: int,
-                    max_new_tokens: int) -> tuple[ProgramMemory, ProgramMemory]:
-  """Memory of the sampler's prefill and decode programs for one call, compiled abstractly.
+                    max_new_tokens: int,
+                    measure: bool = False) -> tuple[ProgramMemory, ProgramMemory]:
+  """Memory of the sampler's prefill and decode programs for one call, compiled abstractly; with
+  `measure`, also what each compiled program holds in this process (`held_since`).
 
   They are compiled on the parameters as held, not on `sampler.operand_params`'s cast copy that
   `sampler.sample` gives them: a program given the held weights casts them itself (its
@@ -295,12 +305,36 @@ def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.
   mask = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.bool_, sharding=prompt_sharding)
   args = (params, tokens, mask, jax.ShapeDtypeStruct((), jnp.int32),
           jax.ShapeDtypeStruct((), jnp.uint32))
-  prefill_memory = ProgramMemory.of(prefill.lower(*args).compile())
   prompt, state = jax.eval_shape(prefill, *args)
   prompt = placed(prompt, sampler_lib.prompt_shardings(mesh, prompts))
   state = placed(state, sampler_lib.state_shardings(mesh))
   stop_at = jax.ShapeDtypeStruct((), jnp.int32)
-  return prefill_memory, ProgramMemory.of(decode.lower(params, prompt, state, stop_at).compile())
+  before = allocated_now() if measure else None
+  prefill_memory = ProgramMemory.of(prefill.lower(*args).compile(), held_since(before))
+  before = allocated_now() if measure else None
+  compiled_decode = decode.lower(params, prompt, state, stop_at).compile()
+  return prefill_memory, ProgramMemory.of(compiled_decode, held_since(before))
+
+
+def allocated_now() -> int | None:
+  """`allocator.allocated_bytes()` after a garbage collection, so that no object dropped before
+  (a compiled program in a reference cycle) is freed inside a measurement."""
+  gc.collect()
+  return allocator.allocated_bytes()
+
+
+def held_since(before: int | None) -> int:
+  """Bytes the C allocator holds now beyond `before` (`allocated_now()` before a program was
+  traced, lowered and compiled), the compiled program still alive: what the process keeps for
+  the program for as long as it is kept, which in a run is to its end (jit caches every program
+  it compiles). On XLA's CPU backend that is the executable (its code, its thunks, the HLO they
+  run) and jit's traced and lowered forms, none of it in `memory_analysis`. Not run: what a first
+  call adds (the kernel library's per-operation state) was a few MiB at 2 and 4 layers of
+  SmolLM2's update (docs/benchmarks.md, "A run's peak memory"). 0 where this process's malloc
+  is not glibc's (`before` is None)."""
+  if before is None:
+    return 0
+  return max(0, allocated_now() - before)
 
 
 def kv_cache_bytes(cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *, prompts: int,
@@ -373,6 +407,15 @@ class MemoryPlan:
                            # not counted; `host_process_bytes`)
 
   @property
+  def programs(self) -> int:
+    """What the process keeps for the programs the plan compiled (`ProgramMemory.held`; 0 where
+    not measured): each counted once, held from its first compile to the run's end, so in every
+    phase."""
+    unique = {id(p): p for p in (self.update, self.prefill, self.decode, self.eval_prefill,
+                                 self.eval_decode)}
+    return sum(p.held for p in unique.values())
+
+  @property
   def phases(self) -> dict[str, int]:
     """Peak bytes of each phase: what is held throughout plus the phase's program."""
     sampler_held = self.optimizer + self.reference  # the parameters are the programs' argument
@@ -387,7 +430,7 @@ class MemoryPlan:
       phases["sampling"] += self.sampler_params
     elif self.sampler_params:  # its own devices: the copy and the sampler's programs
       phases["sampler devices"] = sampling - self.params + self.sampler_params
-    return {name: held + self.host for name, held in phases.items()}
+    return {name: held + self.host + self.programs for name, held in phases.items()}
 
   @property
   def peak(self) -> int:
@@ -430,6 +473,8 @@ class MemoryPlan:
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
         *([f"  host process              {gib(self.host)} (interpreter, libraries, CPU "
            "backend; in every phase)"] if self.host else []),
+        *([f"  compiled programs         {gib(self.programs)} (executables, jit's caches; "
+           "in every phase)"] if self.programs else []),
     ]
     lines += [f"  peak of {name:<17} {gib(b)}" for name, b in self.phases.items()]
     lines.append(f"  peak                      {gib(self.peak)}")
@@ -567,13 +612,26 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   cfg, mesh = resolve(spec, devices, vocab_size)
   shapes = plan_shapes(spec, mesh, prompt_len)
   held = state_bytes(spec, cfg, mesh)
+  cpu_host = host and mesh.devices.flat[0].platform == "cpu"
+  # On this machine's CPU devices what the process keeps for each compiled program is the
+  # devices' memory too. It is measured at the model's own depth: it grows faster than affinely
+  # at small depths, so the probes' line underestimated it (docs/benchmarks.md).
+  measure = cpu_host and allocator.allocated_bytes() is not None
   update = _by_depth(lambda c: compile_update(spec, c, mesh, shapes), cfg, scanned=cfg.remat)
+  if measure:
+    update = dataclasses.replace(
+        update, held=compile_update(spec, cfg, mesh, shapes, measure=True).held)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
-    return _by_depth(lambda c: compile_sampler(spec, c, mesh, prompts=prompts,
-                                               samples=samples, prompt_len=shapes.prompt_len,
-                                               max_new_tokens=new), cfg)
+    compile_at = lambda c, measured=False: compile_sampler(
+        spec, c, mesh, prompts=prompts, samples=samples, prompt_len=shapes.prompt_len,
+        max_new_tokens=new, measure=measured)
+    memory = _by_depth(compile_at, cfg)
+    if measure:
+      memory = tuple(dataclasses.replace(m, held=full.held)
+                     for m, full in zip(memory, compile_at(cfg, measured=True)))
+    return memory
 
   prefill, decode = sampler(shapes.sample_prompts, shapes.samples, shapes.max_new_tokens)
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
@@ -587,7 +645,7 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       extrapolated=cfg.num_layers > EXACT_DEPTH, sampler_params=sampler_copy_bytes(spec, cfg, mesh),
       sampler_shared=not spec.sampling.sampler_devices, frozen=held.frozen,
       lora=spec.lora,
-      host=host_process_bytes() if host and mesh.devices.flat[0].platform == "cpu" else 0)
+      host=host_process_bytes() if cpu_host else 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,10 +145,12 @@ def test_a_plan_of_this_machines_cpu_counts_the_host_process_in_every_phase(tiny
   assert 64 * 2**20 < measured < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   assert tiny_plan.host == 0 and "host process" not in tiny_plan.table()  # not asked for
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 12345)
+  monkeypatch.setattr(planning.allocator, "allocated_bytes", lambda: None)  # programs: below
   counted = planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB, host=True)
-  assert counted.host == 12345
+  assert counted.host == 12345 and counted.programs == 0
   assert counted.phases == {k: v + 12345 for k, v in tiny_plan.phases.items()}
   assert counted.peak == tiny_plan.peak + 12345 and "host process" in counted.table()
+  assert "compiled programs" not in counted.table()  # not measured: not guessed either
   # Where the child cannot run, nothing is counted rather than a guess.
   monkeypatch.undo()
   monkeypatch.setattr(planning.subprocess, "run", _refuse)
@@ -157,6 +159,39 @@ def test_a_plan_of_this_machines_cpu_counts_the_host_process_in_every_phase(tiny
 
 def _refuse(*args, **kwargs):
   raise OSError("no interpreter")
+
+
+def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny_plan,
+                                                                            monkeypatch):
+  monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
+  counted = planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB, host=True)
+  if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing measured
+    assert counted.programs == 0 and counted.phases == tiny_plan.phases
+    return
+  programs = (counted.update, counted.prefill, counted.decode, counted.eval_prefill,
+              counted.eval_decode)
+  # Each compiled program holds something (its executable, jit's forms of it), and the same
+  # program serving training and evaluation is counted once.
+  assert all(p.held > 0 for p in programs)
+  unique = {id(p): p.held for p in programs}
+  assert counted.programs == sum(unique.values())
+  assert counted.phases == {k: v + counted.programs for k, v in tiny_plan.phases.items()}
+  assert "compiled programs" in counted.table()
+  # Only what the buffers need is compiled-analysed; the held bytes change nothing else.
+  for planned, analysed in zip(programs, (tiny_plan.update, tiny_plan.prefill, tiny_plan.decode,
+                                          tiny_plan.eval_prefill, tiny_plan.eval_decode)):
+    assert dataclasses.replace(planned, held=0) == analysed
+
+
+def test_held_since_counts_what_a_live_object_holds_and_nothing_freed():
+  before = planning.allocated_now()
+  if before is None:
+    assert planning.held_since(None) == 0
+    return
+  kept = bytearray(64 * 2**20)  # malloc'd by Python: what a compiled program's memory is too
+  assert 64 * 2**20 <= planning.held_since(before) < 80 * 2**20
+  del kept
+  assert planning.held_since(before) < 16 * 2**20
 
 
 def test_check_fits_refuses_a_config_too_large_and_says_what_to_change(tiny_plan, monkeypatch):
