@@ -20,7 +20,9 @@ import traceback
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests import support
+
+os.environ.setdefault("XLA_FLAGS", support.xla_flags(8))  # its processes inherit them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Fewer threads per test process: the suite runs with pytest-xdist on small machines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -13,6 +13,7 @@ import pytest
 from ksjax import errors
 from ksjax.config_validation import ConfigError
 from tests.run.test_checkpoint_checksums import _save, flip_middle_of_largest_file
+from tests import support
 from tests.support import eval_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ CASES = {
 
 def _run(args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+         "XLA_FLAGS": support.xla_flags(1)}
   return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
                         timeout=300, check=False, env=env)
 

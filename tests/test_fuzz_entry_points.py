@@ -23,6 +23,7 @@ from ml_collections import config_dict, config_flags
 from ksjax import config_validation, errors
 from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
+from tests import support
 from tests.support import REPO
 from tests.support.fuzz import SCALE, bounded
 
@@ -115,7 +116,7 @@ def test_config_overrides_in_process(overrides, tmp_path_factory):
 ])
 def test_config_overrides_through_the_binary(override, named, tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+         "XLA_FLAGS": support.xla_flags(1)}
   result = subprocess.run([sys.executable, "-m", "ksjax.main", f"--config={CONFIG_FILE}",
                            override], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=env)

@@ -24,6 +24,7 @@ quantized file is the quantized model, not the original it was made from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -126,7 +127,8 @@ def open_gguf(path: str) -> gguf.GGUFReader:
   """Parses the header of `path` (tensor data stays memory-mapped); GGUFError if it cannot.
 
   Every public function here takes a path or this reader, so a caller that needs the model and
-  the tokenizer parses the header once.
+  the tokenizer parses the header once; and a file parsed before in this process, unchanged since
+  (the same inode, size and modification time), is not parsed again (`_parsed`).
   """
   if not os.path.isfile(path):
     raise GGUFError(f"{path}: no such file; expected a GGUF file")
@@ -139,12 +141,25 @@ def open_gguf(path: str) -> gguf.GGUFReader:
   if magic != b"GGUF":
     raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}; a GGUF starts with b'GGUF')")
   try:
-    return _BoundedReader(path)
+    info = os.stat(path)
+    return _parsed(os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns)
   except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
     # The reader indexes past the end of a truncated memory map (or reads garbage as lengths).
     raise GGUFError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: "
                     f"{str(e).splitlines()[0] if str(e) else 'no detail'}); expected a complete "
                     "GGUF v2/v3 file") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> gguf.GGUFReader:
+  """The reader of `path` as it is on disk (the file's identity and state are the key; a failed
+  parse is not kept). gguf's reader builds its metadata element by element, a NumPy view each:
+  SmolLM2's 49,152-token vocabulary and its merges are 589k parts, seconds of Python per parse
+  (`read_gguf_tokenizer`'s profile), and a run's set-up reads the tokenizer, its chat template and
+  the model from the one file. The reader is only read (its tensor data a read-only memory map),
+  so sharing it is safe."""
+  del inode, size, mtime_ns  # the cache's key only
+  return _BoundedReader(path)
 
 
 def _reader(path: str | gguf.GGUFReader) -> tuple[gguf.GGUFReader, str]:

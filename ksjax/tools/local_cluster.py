@@ -37,8 +37,11 @@ def free_port() -> int:
 def start(main_args: Sequence[str], *, processes: int, devices_per_process: int, logs: str,
           env: Mapping[str, str] | None = None, cwd: str | None = None) -> list[subprocess.Popen]:
   """Starts the processes (not waiting); process i logs to `<logs>.<i>.log`."""
-  base = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+  base = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu"}
+  kept = [f for f in base.get("XLA_FLAGS", "").split()  # the caller's other flags stay
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  base["XLA_FLAGS"] = " ".join(
+      [*kept, f"--xla_force_host_platform_device_count={devices_per_process}"])
   coordinator = f"localhost:{free_port()}"
   out = []
   for index in range(processes):

@@ -21,7 +21,6 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from ksjax import objectives
 from ksjax.bandit import comparisons
 from ksjax.bandit import exact
 from ksjax.bandit import policy_gradient
@@ -318,6 +317,10 @@ def test_cli_bad_combination_exits_2_with_one_line_and_writes_nothing(tmp_path):
 # The paper's statements on Figure 1, on the default config.
 
 
+# The default config's three variants over its seeds: a study (a minute of the suite), so `slow`.
+paper_figure = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def figure_curves():
   settings = study.parse_config(bandit_config.get_config())
@@ -338,6 +341,7 @@ def _at_kl(curves, metric, budget):
   return comparisons.value_at_kl(curves["kl"], curves[metric], np.array([budget]))[:, 0]
 
 
+@paper_figure
 def test_paper_a_mean_pg_fastest_on_mean_reward_holds_only_mid_training(figure_curves):
   """Paper: mean PG "makes the fastest improvement on the mean performance" per step.
 
@@ -356,6 +360,7 @@ def test_paper_a_mean_pg_fastest_on_mean_reward_holds_only_mid_training(figure_c
   assert passk_pg["kl"][:, -1].mean() < math.log(settings.num_actions) - 0.3
 
 
+@paper_figure
 @pytest.mark.parametrize("metric", ["mean_reward", "pass_at_k"])
 def test_paper_b_kl_efficiency_holds_only_at_large_kl(figure_curves, metric):
   """Paper: the pass@k estimators are "more KL-efficient" (mean reward vs KL; here also pass@k vs
@@ -370,6 +375,7 @@ def test_paper_b_kl_efficiency_holds_only_at_large_kl(figure_curves, metric):
     assert _z(at(mean_pg, 0.5), at(biased, 0.5)) > 3
 
 
+@paper_figure
 def test_paper_c_biased_variant_sits_between(figure_curves):
   """The biased pass@k estimator lies between mean PG and pass@k PG (seed means) at every read-out
   below, except mean reward at the end of training, where it is significantly the highest."""
@@ -386,6 +392,7 @@ def test_paper_c_biased_variant_sits_between(figure_curves):
   assert _z(final(biased), final(passk_pg)) > 3 and _z(final(biased), final(mean_pg)) > 3
 
 
+@paper_figure
 def test_paper_d_pass_at_k_estimators_improve_pass_at_k_faster(figure_curves):
   """Paper: the k-sample estimators improve pass@k "significantly faster". Both lead mean PG on
   pass@k at every step, by more than 3 standard errors at steps 10 and at the end."""

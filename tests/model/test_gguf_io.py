@@ -405,6 +405,22 @@ def one_line_error(fn, *args, match):
   return str(e.value)
 
 
+def test_an_unchanged_file_is_parsed_once_and_a_rewritten_one_again(good_file, tmp_path):
+  path = tmp_path / "copy.gguf"
+  data = open(good_file, "rb").read()
+  path.write_bytes(data)
+  first = gguf_io.open_gguf(str(path))
+  assert gguf_io.open_gguf(str(path)) is first
+  path.unlink()  # rewritten: a new file (a new inode, another modification time), same bytes
+  path.write_bytes(data)
+  os.utime(path, ns=(1, 1))
+  again = gguf_io.open_gguf(str(path))
+  assert again is not first
+  assert gguf_io.read_gguf_config(again) == gguf_io.read_gguf_config(first)
+  path.write_bytes(data[:len(data) // 2])  # and a damaged one is read as it now is
+  one_line_error(gguf_io.open_gguf, str(path), match="truncated or corrupt GGUF file")
+
+
 def test_not_a_gguf_file(tmp_path):
   path = tmp_path / "model.safetensors"
   path.write_bytes(b"{\"not\": \"gguf\"}" + bytes(100))

@@ -120,9 +120,10 @@ def test_spec_from_config_and_off_by_default():
 # The adapted model against its base
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("targets, matmul_dtype", [("all", None), ("all", "bfloat16"),
-                                                   ("attention", None), ("attention", "bfloat16"),
-                                                   ("mlp", "bfloat16")])
+@pytest.mark.parametrize("targets, matmul_dtype", [
+    ("all", None), ("attention", "bfloat16"), ("mlp", "bfloat16"),  # each target, each precision
+    pytest.param("all", "bfloat16", marks=pytest.mark.slow),
+    pytest.param("attention", None, marks=pytest.mark.slow)])
 def test_adapters_at_initialisation_compute_the_base_bitwise(targets, matmul_dtype):
   """Bit for bit on XLA's CPU backend, where the suite runs. Not checked on a GPU, where XLA may
   fuse the adapter's addition into the frozen product's GEMM and autotune that GEMM apart from

@@ -58,6 +58,12 @@ def curves(workdir: str) -> dict[str, np.ndarray]:
   return {name: np.asarray([r[name] for r in rows]) for name in COMPARED}
 
 
+# Five trainer processes, three at once: the suite's longest set-up (80 s of 2 cores), so `slow`
+# (`python -m pytest -m slow`); the mesh arithmetic they rest on runs in the default suite on fake
+# devices (tests/model/test_sharding.py, tests/trainer/test_update.py).
+two_processes = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("multihost")
@@ -75,6 +81,7 @@ def runs(tmp_path_factory):
   return one, two
 
 
+@two_processes
 def test_two_processes_train_as_one_and_resume_from_their_checkpoint(runs):
   one, two = runs
   a, b = curves(one), curves(two)
@@ -90,6 +97,7 @@ def test_two_processes_train_as_one_and_resume_from_their_checkpoint(runs):
     assert eval_two["metrics"][name] == pytest.approx(value, abs=1e-5), name
 
 
+@two_processes
 def test_both_processes_checkpoint_together_each_with_its_data_position(runs):
   _, two = runs
   step = os.path.join(two, "checkpoints", "2")

@@ -46,7 +46,7 @@ def _main(workdir, **overrides):
 
 def _env():
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = support.xla_flags(1)
   env["JAX_PLATFORMS"] = "cpu"
   return env
 
