@@ -317,9 +317,12 @@ def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.
 
 
 def allocated_now() -> int | None:
-  """`allocator.allocated_bytes()` after a garbage collection, so that no object dropped before
-  (a compiled program in a reference cycle) is freed inside a measurement."""
-  gc.collect()
+  """`allocator.allocated_bytes()` after garbage collections, so that no object dropped before
+  (a compiled program in a reference cycle) is freed inside a measurement: repeated while one
+  finds garbage, since the finalizers a collection runs can leave more."""
+  for _ in range(4):
+    if not gc.collect():
+      break
   return allocator.allocated_bytes()
 
 
@@ -331,7 +334,9 @@ def held_since(before: int | None) -> int:
   run) and jit's traced and lowered forms, none of it in `memory_analysis`. Not run: what a first
   call adds (the kernel library's per-operation state) was a few MiB at 2 and 4 layers of
   SmolLM2's update (docs/benchmarks.md, "A run's peak memory"). 0 where this process's malloc
-  is not glibc's (`before` is None)."""
+  is not glibc's (`before` is None). What the process's other threads free meanwhile comes off
+  it (a few MiB at most); a program this process compiled before is found in jit's caches and
+  adds nothing."""
   if before is None:
     return 0
   return max(0, allocated_now() - before)
@@ -364,15 +369,23 @@ def sampler_caches(cfg: model.LlamaConfig, mesh: Any, shapes: Shapes) -> tuple[i
                          prompt_len=shapes.prompt_len, max_new_tokens=shapes.eval_max_new_tokens))
 
 
-def _by_depth(fn, cfg: model.LlamaConfig, scanned: bool = False):
-  """fn(cfg) for the model's depth: compiled whole (shallow models, or a program that `scanned`
-  its layers), or at PROBE_DEPTHS and extrapolated."""
+def _by_depth(fn, cfg: model.LlamaConfig, scanned: bool = False, measure: bool = False):
+  """fn(cfg, measure) for the model's depth: compiled whole (shallow models, or a program that
+  `scanned` its layers), or at PROBE_DEPTHS and extrapolated. With `measure`, what the programs
+  hold (`ProgramMemory.held`) is measured on a compile at the model's own depth: the whole one
+  where there is one (compiling it again would find jit's cached executable and measure nothing),
+  else one more compile, since the held bytes grow faster than affinely at the probes' depths."""
   if scanned or cfg.num_layers <= EXACT_DEPTH:
-    return fn(cfg)
-  low, high = (fn(dataclasses.replace(cfg, num_layers=d)) for d in PROBE_DEPTHS)
-  if isinstance(low, tuple):
-    return tuple(a.extrapolate(b, PROBE_DEPTHS, cfg.num_layers) for a, b in zip(low, high))
-  return low.extrapolate(high, PROBE_DEPTHS, cfg.num_layers)
+    return fn(cfg, measure)
+  low, high = (fn(dataclasses.replace(cfg, num_layers=d), False) for d in PROBE_DEPTHS)
+  tupled = isinstance(low, tuple)
+  low, high = (low, high) if tupled else ((low,), (high,))
+  memory = tuple(a.extrapolate(b, PROBE_DEPTHS, cfg.num_layers) for a, b in zip(low, high))
+  if measure:
+    full = fn(cfg, True)
+    memory = tuple(dataclasses.replace(m, held=f.held)
+                   for m, f in zip(memory, full if tupled else (full,)))
+  return memory if tupled else memory[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,21 +630,14 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   # devices' memory too. It is measured at the model's own depth: it grows faster than affinely
   # at small depths, so the probes' line underestimated it (docs/benchmarks.md).
   measure = cpu_host and allocator.allocated_bytes() is not None
-  update = _by_depth(lambda c: compile_update(spec, c, mesh, shapes), cfg, scanned=cfg.remat)
-  if measure:
-    update = dataclasses.replace(
-        update, held=compile_update(spec, cfg, mesh, shapes, measure=True).held)
+  update = _by_depth(lambda c, m: compile_update(spec, c, mesh, shapes, measure=m), cfg,
+                     scanned=cfg.remat, measure=measure)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
-    compile_at = lambda c, measured=False: compile_sampler(
+    return _by_depth(lambda c, m: compile_sampler(
         spec, c, mesh, prompts=prompts, samples=samples, prompt_len=shapes.prompt_len,
-        max_new_tokens=new, measure=measured)
-    memory = _by_depth(compile_at, cfg)
-    if measure:
-      memory = tuple(dataclasses.replace(m, held=full.held)
-                     for m, full in zip(memory, compile_at(cfg, measured=True)))
-    return memory
+        max_new_tokens=new, measure=m), cfg, measure=measure)
 
   prefill, decode = sampler(shapes.sample_prompts, shapes.samples, shapes.max_new_tokens)
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,

@@ -164,6 +164,9 @@ def _refuse(*args, **kwargs):
 def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny_plan,
                                                                             monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
+  # tiny_plan compiled the same sampler programs: a plan measures what compiling adds, and jit's
+  # caches would find them (`held_since`).
+  jax.clear_caches()
   counted = planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB, host=True)
   if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing measured
     assert counted.programs == 0 and counted.phases == tiny_plan.phases
@@ -189,7 +192,8 @@ def test_held_since_counts_what_a_live_object_holds_and_nothing_freed():
     assert planning.held_since(None) == 0
     return
   kept = bytearray(64 * 2**20)  # malloc'd by Python: what a compiled program's memory is too
-  assert 64 * 2**20 <= planning.held_since(before) < 80 * 2**20
+  # Less what the process's other threads freed meanwhile: 2.5 MiB was seen on CI's machine.
+  assert 56 * 2**20 <= planning.held_since(before) < 80 * 2**20
   del kept
   assert planning.held_since(before) < 16 * 2**20
 
@@ -229,24 +233,33 @@ def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
 def test_deep_models_are_compiled_at_two_depths_and_continued_on_their_line():
   compiled = []
 
-  def fake_compile(cfg):  # bytes affine in depth, as a stack of identical blocks is
-    compiled.append(cfg.num_layers)
+  def fake_compile(cfg, measure=False):  # bytes affine in depth, as a stack of blocks is;
+    compiled.append((cfg.num_layers, measure))  # the held bytes not (docs/benchmarks.md)
     d = cfg.num_layers
     return planning.ProgramMemory(arguments=100 * d + 7, outputs=50 * d, aliased=40 * d,
-                                  temps=1000 * d + 3)
+                                  temps=1000 * d + 3, held=d * d if measure else 0)
 
+  by_depth = planning._by_depth  # pylint: disable=protected-access
   cfg = planning.model.preset("tiny", num_layers=32)
-  got = planning._by_depth(fake_compile, cfg)  # pylint: disable=protected-access
-  assert compiled == list(planning.PROBE_DEPTHS)
-  assert got == fake_compile(cfg)
+  assert by_depth(fake_compile, cfg) == fake_compile(cfg)
+  assert compiled[:2] == [(d, False) for d in planning.PROBE_DEPTHS]
+  # Measured: on one more compile, at the model's own depth, not continued on the probes' line.
+  compiled.clear()
+  assert by_depth(fake_compile, cfg, measure=True) == fake_compile(cfg, True)
+  assert compiled[:3] == [(2, False), (4, False), (32, True)]
   shallow = planning.model.preset("tiny", num_layers=planning.EXACT_DEPTH)
+  for measure in (False, True):
+    compiled.clear()
+    whole = by_depth(fake_compile, shallow, measure=measure)
+    # Compiled whole, and once: a second compile of the same program would find jit's cache.
+    assert compiled == [(planning.EXACT_DEPTH, measure)]
+    assert whole == fake_compile(shallow, measure)
   compiled.clear()
-  whole = planning._by_depth(fake_compile, shallow)  # pylint: disable=protected-access
-  assert compiled == [planning.EXACT_DEPTH]  # compiled whole
-  assert whole == fake_compile(shallow)
+  by_depth(lambda c, m: (fake_compile(c, m), fake_compile(c, m)), cfg, measure=True)  # sampler
+  assert compiled == [(2, False)] * 2 + [(4, False)] * 2 + [(32, True)] * 2
   compiled.clear()
-  planning._by_depth(fake_compile, cfg, scanned=True)  # pylint: disable=protected-access
-  assert compiled == [32]  # a scan over layers compiles one block at any depth: whole
+  by_depth(fake_compile, cfg, scanned=True)
+  assert compiled == [(32, False)]  # a scan over layers compiles one block at any depth: whole
 
 
 @pytest.mark.slow  # three compiles of the update; the arithmetic is covered above
@@ -255,7 +268,7 @@ def test_deep_models_are_extrapolated_in_depth_to_what_a_full_compile_gives():
   config.model.num_layers = 6
   cfg, mesh = planning.resolve(spec_of(config), vocab_size=VOCAB)
   shapes = planning.plan_shapes(spec_of(config), mesh, prompt_len=10)
-  compile_update = lambda c: planning.compile_update(spec_of(config), c, mesh, shapes)
+  compile_update = lambda c, m=False: planning.compile_update(spec_of(config), c, mesh, shapes)
   extrapolated = planning._by_depth(compile_update, cfg)  # pylint: disable=protected-access
   exact = compile_update(cfg)
   assert planning.PROBE_DEPTHS == (2, 4)  # what was compiled above, besides the 6 layers
