@@ -53,12 +53,19 @@ def reference_rows(updater: Updater, params, rollout: Rollout, micro: int) -> np
   batch shards; a micro-batch's padding rows are copies of row 0, whole groups of them), so each
   prompt runs once for its group (`Updater.forward`'s `group`). Where the layout cannot hold
   whole groups, the rows run one by one as `forward_rows` runs them."""
-  n, total, shards = rollout.num_samples, len(rollout.tokens_rt), updater.batch_shards
+  total = len(rollout.tokens_rt)
+  selection, group = reference_layout(total, rollout.num_samples, updater.batch_shards, micro)
+  return _forward(updater, params, rollout, selection, total, group=group)["logp"]
+
+
+def reference_layout(total: int, n: int, shards: int, micro: int) -> tuple[sparse.Selection, int]:
+  """`reference_rows`'s layout of a rollout of `total` rows in groups of `n`, and the group its
+  forward runs (1 where no micro-batch holds whole groups); the memory plan compiles the same."""
   grouped = math.lcm(-(-micro // n) * n, shards)
   selection = sparse.layout(np.arange(total), total, shards, grouped, grouped)
   if total % n or selection.micro % n:  # groups that no micro-batch size holds whole
-    n, selection = 1, sparse.layout(np.arange(total), total, shards, micro, micro)
-  return _forward(updater, params, rollout, selection, total, group=n)["logp"]
+    return sparse.layout(np.arange(total), total, shards, micro, micro), 1
+  return selection, n
 
 
 def _forward(updater: Updater, params, rollout: Rollout, selection: sparse.Selection, rows: int,

@@ -14,7 +14,10 @@ and, one phase at a time,
   * sampling: the prefill and the decode loop of `ksjax.sampling` over B * n rows, whose largest
               buffers are the KV caches: the prompts' L x [B, K, H, T] (one copy per prompt)
               and the rows' L x [B*n, K, H, N - 1], for keys and as much for values;
-  * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows.
+  * eval:     the same sampler over eval.batch_prompts * eval.num_samples rows;
+  * reference: the reference policy's forward over a rollout's rows (`learner.reference_rows`),
+              for the logged KL and the KL penalty: each prompt's KV cache shared by its
+              samples, whose own keys and values it holds for every layer.
 
 Under LoRA (config.lora.rank >= 1, `ksjax.model.lora`) the parameters are the frozen base (float,
 or QLoRA's int8/int4 values and their scales, as `qwix.quantize` makes them) and the adapters;
@@ -47,8 +50,9 @@ counts that too, measured in a fresh child interpreter that imports the trainer 
 backend (`host_process_bytes`), and what the process keeps for each program the plan compiles
 (the executable and jit's forms of it, beside XLA's buffer assignment), measured by glibc's
 malloc across a compile at the model's own depth (`held_since`; not measured where malloc is not
-glibc's). Programs the plan does not compile (the reference forward, other row buckets of sparse
-updates, the small ones) are not counted.
+glibc's): every program the plan compiles, and the update at each other micro-batch size that
+sparse updates may compile (`sparse.micro_sizes`). The small programs (the zero gradient's step,
+the logged metrics') are not counted.
 Accelerator plans count device memory alone.
 
 Backend. The bytes are those of the backend the programs are compiled for: the real accelerators
@@ -85,6 +89,7 @@ from ksjax.sampling import batching
 from ksjax.sampling import sampler as sampler_lib
 from ksjax.sampling.config import SamplerConfig
 from ksjax.trainer import batch as batch_lib
+from ksjax.trainer import learner, sparse
 from ksjax.trainer import update as update_lib
 
 # Models with at most this many layers are compiled whole; deeper ones at `PROBE_DEPTHS`.
@@ -271,16 +276,45 @@ def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Sh
 
 
 def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
-                   shapes: Shapes, measure: bool = False) -> ProgramMemory:
+                   shapes: Shapes, measure: bool = False, micro: int | None = None
+                   ) -> ProgramMemory:
   """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating;
-  with `measure`, also what the compiled program holds in this process (`held_since`)."""
+  with `measure`, also what the compiled program holds in this process (`held_since`). `micro`:
+  micro-batches of that many rows (a sparse update's smaller one), not the dense layout's."""
   policy_shapes = abstract_policy(spec, cfg, mesh)
   updater = policy_shapes.updater(spec, mesh)
   state = updater.abstract_state(policy_shapes.trainable)
-  batch = batch_lib.abstract(spec.loss, mesh, rows=shapes.update_rows, micro=shapes.micro_batch,
+  micro = shapes.micro_batch if micro is None else micro
+  rows = -(-spec.minibatch_rows // micro) * micro  # as `sparse.layout` pads a mini-batch
+  batch = batch_lib.abstract(spec.loss, mesh, rows=rows, micro=micro,
                              seq_len=shapes.prompt_len + shapes.max_new_tokens)
   before = allocated_now() if measure else None
   compiled = updater.step_program(state, batch, shapes.prompt_len).lower(state, batch).compile()
+  return ProgramMemory.of(compiled, held_since(before))
+
+
+def compile_reference(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
+                      shapes: Shapes, measure: bool = False) -> ProgramMemory:
+  """Memory of the reference policy's forward over one rollout (`learner.reference_rows`: its
+  layout, its program), compiled without allocating; with `measure`, also what the compiled
+  program holds in this process (`held_since`). Its arguments are the reference's parameters
+  (`lora.frozen_operands`, as the trainer keeps them), the frozen base under LoRA, and the
+  rows' tokens and mask."""
+  policy_shapes = abstract_policy(spec, cfg, mesh)
+  updater = policy_shapes.updater(spec, mesh)
+  selection, group = learner.reference_layout(spec.sampling.rows, spec.sampling.n,
+                                              sharding.batch_shards(mesh),
+                                              spec.loss.micro_batch_size)
+  shape = (len(selection.rows) // selection.micro, selection.micro,
+           shapes.prompt_len + shapes.max_new_tokens)
+  program = updater.forward_program(shape, prompt_len=shapes.prompt_len, group=group)
+  rows = batch_lib.row_sharding(mesh, len(shape))
+  args = (lora.frozen_operands(policy_shapes.trainable, cfg), updater.frozen,
+          jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),
+          jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=rows),
+          jax.ShapeDtypeStruct((), jnp.int32))
+  before = allocated_now() if measure else None
+  compiled = program.lower(*args).compile()
   return ProgramMemory.of(compiled, held_since(before))
 
 
@@ -418,6 +452,9 @@ class MemoryPlan:
   lora: LoraSpec = LoraSpec()  # the adapters' settings (rank 0: none)
   host: int = 0            # the process before any buffer, on this machine's CPU backend (0:
                            # not counted; `host_process_bytes`)
+  reference_forward: ProgramMemory | None = None  # the reference's forward over a rollout
+  sparse_updates: tuple[ProgramMemory, ...] = ()  # the update at sparse updates' smaller
+                           # micro-batches: compiled for what they hold (`held`) alone
 
   @property
   def programs(self) -> int:
@@ -425,7 +462,8 @@ class MemoryPlan:
     not measured): each counted once, held from its first compile to the run's end, so in every
     phase."""
     unique = {id(p): p for p in (self.update, self.prefill, self.decode, self.eval_prefill,
-                                 self.eval_decode)}
+                                 self.eval_decode, self.reference_forward, *self.sparse_updates)
+              if p is not None}
     return sum(p.held for p in unique.values())
 
   @property
@@ -438,6 +476,8 @@ class MemoryPlan:
         "sampling": sampler_held + sampling,
         "eval": sampler_held + max(self.eval_prefill.peak, self.eval_decode.peak),
     }
+    if self.reference_forward is not None:
+      phases["reference"] = self.params + self.optimizer + self.reference + self.reference_rows
     if self.sampler_params and self.sampler_shared:  # its copy; its programs beside the update
       phases["update"] += sampling - self.params + self.sampler_params
       phases["sampling"] += self.sampler_params
@@ -448,6 +488,14 @@ class MemoryPlan:
   @property
   def peak(self) -> int:
     return max(self.phases.values())
+
+  @property
+  def reference_rows(self) -> int:
+    """The reference forward's bytes beyond its parameters (the reference's, and under LoRA the
+    frozen base the policy holds): the rows, their KV cache, temporaries and log-probs."""
+    if self.reference_forward is None:
+      return 0
+    return self.reference_forward.peak - self.reference - self.frozen
 
   @property
   def update_activations(self) -> int:
@@ -484,6 +532,8 @@ class MemoryPlan:
         f"  sampler KV cache          {gib(self.kv_cache)}",
         f"  sampler, other than cache {gib(sampler_other)}",
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
+        *([f"  reference forward         {gib(self.reference_rows)} (a rollout's rows, their "
+           "KV cache, log-probs)"] if self.reference_forward is not None else []),
         *([f"  host process              {gib(self.host)} (interpreter, libraries, CPU "
            "backend; in every phase)"] if self.host else []),
         *([f"  compiled programs         {gib(self.programs)} (executables, jit's caches; "
@@ -632,6 +682,15 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   measure = cpu_host and allocator.allocated_bytes() is not None
   update = _by_depth(lambda c, m: compile_update(spec, c, mesh, shapes, measure=m), cfg,
                      scanned=cfg.remat, measure=measure)
+  reference_forward = _by_depth(lambda c, m: compile_reference(spec, c, mesh, shapes, measure=m),
+                                cfg, measure=measure)
+  # A sparse update's smaller micro-batches need less than the dense one: compiled only for what
+  # the process keeps for them, at the model's depth.
+  smaller = [m for m in sparse.micro_sizes(spec.minibatch_rows, sharding.batch_shards(mesh),
+                                           spec.loss.sparse_min_rows, spec.loss.micro_batch_size)
+             if m != shapes.micro_batch] if measure and spec.loss.use_sparse else []
+  sparse_updates = tuple(compile_update(spec, cfg, mesh, shapes, measure=True, micro=m)
+                         for m in smaller)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once
   def sampler(prompts: int, samples: int, new: int) -> tuple[ProgramMemory, ProgramMemory]:
@@ -651,7 +710,8 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       extrapolated=cfg.num_layers > EXACT_DEPTH, sampler_params=sampler_copy_bytes(spec, cfg, mesh),
       sampler_shared=not spec.sampling.sampler_devices, frozen=held.frozen,
       lora=spec.lora,
-      host=host_process_bytes() if cpu_host else 0)
+      host=host_process_bytes() if cpu_host else 0, reference_forward=reference_forward,
+      sparse_updates=sparse_updates)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,6 +766,10 @@ def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
     if not p.model.remat:
       out.append("config.model.remat=True: scan the decoder blocks and rematerialise each, so "
                  "one block's activations and gathered weights are live, not all of them")
+  if phase == "reference":
+    out.append(f"smaller micro-batch: config.micro_batch_size (now {s.micro_batch}): the "
+               f"reference forward runs micro-batches of whole groups of {s.samples} samples, "
+               f"whose rows and KV cache take {p.reference_rows / GIB:.1f} GiB")
   if phase in ("sampling", "eval"):
     cache = p.kv_cache if phase == "sampling" else p.eval_kv_cache
     field = "batch_prompts" if phase == "sampling" else "eval.batch_prompts"

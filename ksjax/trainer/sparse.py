@@ -73,6 +73,16 @@ def select_rows(advantage_r: np.ndarray, multiple: int = 1, min_rows: int = MIN_
                 micro_batch)
 
 
+def micro_sizes(total: int, multiple: int = 1, min_rows: int = MIN_ROWS,
+                micro_batch: int | None = None) -> tuple[int, ...]:
+  """The micro-batch sizes `select_rows` lays a mini-batch of `total` rows out in, one for each
+  update program a run of sparse updates may compile, smallest first (the memory plan counts
+  what each holds). Every number of kept rows from 1 to `total` is tried: a bucket's rounding to
+  the batch shards and its cap at the micro-batch make a closed form less clear than the count."""
+  return tuple(sorted({layout(np.arange(kept), total, multiple, min_rows, micro_batch).micro
+                       for kept in range(1, total + 1)}))
+
+
 def every_row(total: int, multiple: int = 1, micro_batch: int | None = None) -> Selection:
   """Every row of a mini-batch of `total`, in order: the dense update's layout."""
   return layout(np.arange(total), total, multiple, total, micro_batch)

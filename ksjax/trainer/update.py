@@ -345,12 +345,21 @@ class Updater:
     rollout's layout), so each prompt runs once and its rows' completions over its KV cache
     (`logprobs.continuation_logprobs`, equal within float32 rounding): the reference forward,
     whose 4 samples per prompt ran the prompt 4 times."""
-    num_micro, micro = tokens_mmt.shape[:2]
-    count = num_micro if count is None else count
+    count = tokens_mmt.shape[0] if count is None else count
+    program = self.forward_program(tokens_mmt.shape, values=values, prompt_len=prompt_len,
+                                   group=group)
+    return program(params, self.frozen, tokens_mmt, mask_mmt, np.int32(count))
+
+  def forward_program(self, shape: tuple[int, ...], *, values: bool = False, prompt_len: int = 0,
+                      group: int = 1):
+    """`forward`'s jitted program for [M, m, T] tokens, called as (params, frozen, tokens_mmt,
+    mask_mmt, count); one per shape and options, kept for the Updater's life (the memory plan
+    lowers it abstractly)."""
+    num_micro, micro = shape[:2]
     group = 1 if values or prompt_len < 1 else group
     if micro % group:
       raise ValueError(f"micro-batches of {micro} rows do not hold whole groups of {group}")
-    key = (values, prompt_len, group, tokens_mmt.shape)
+    key = (values, prompt_len, group, tuple(shape))
     if key not in self._forwards:
       graphdef, temperature = self.graphdef, self.temperature
 
@@ -382,7 +391,7 @@ class Updater:
         return jax.lax.fori_loop(0, count, body, outputs)
 
       self._forwards[key] = jax.jit(fwd)
-    return self._forwards[key](params, self.frozen, tokens_mmt, mask_mmt, np.int32(count))
+    return self._forwards[key]
 
 
 class _WithFrozen:

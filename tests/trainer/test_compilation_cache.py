@@ -202,10 +202,16 @@ def test_the_update_compiles_a_bounded_number_of_row_buckets():
   shapes, counts = _update_shapes(rows, 1, min_rows, spec.loss.micro_batch_size)
   assert len(shapes) <= math.log2(spec.loss.micro_batch_size / min_rows) + 1
   assert shapes == {(32, 1), (16, 2)}  # 2 programs per prompt width, whatever is kept
+  assert sparse.micro_sizes(rows, 1, min_rows, 2) == (1, 2)  # what the memory plan compiles
   assert counts == set(range(1, 17))  # the micro-batches run: ceil(kept / 2), at run time
   # Micro-batches of 4 (the configs' size before 2): 3 programs.
   shapes, counts = _update_shapes(rows, 1, min_rows, 4)
   assert shapes == {(32, 1), (16, 2), (8, 4)} and counts == set(range(1, 9))
+  for total, multiple, min_rows, micro in [(32, 1, 1, 4), (128, 2, 8, 32), (96, 4, 1, 96),
+                                           (24, 8, 8, 8)]:
+    shapes, _ = _update_shapes(total, multiple, min_rows, micro)
+    assert sparse.micro_sizes(total, multiple, min_rows, micro) == tuple(sorted(
+        m for _, m in shapes))
   # Any sizes: ceil(log2(total / min_rows)) + 1 buckets at most (a total that is not a power of
   # two adds its own); the groups of dynamic sampling are bucketed the same way.
   for total, multiple, min_rows in [(32, 1, 8), (128, 2, 8), (128, 2, 1), (96, 4, 1), (24, 8, 8),

@@ -21,6 +21,7 @@ from ksjax.trainer import memory_plan as planning
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as defaults
 from ksjax.run import tasks as run_tasks
+from ksjax.trainer import learner
 from ksjax.trainer import update as update_lib
 from tests import support
 
@@ -172,7 +173,7 @@ def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny
     assert counted.programs == 0 and counted.phases == tiny_plan.phases
     return
   programs = (counted.update, counted.prefill, counted.decode, counted.eval_prefill,
-              counted.eval_decode)
+              counted.eval_decode, counted.reference_forward)
   # Each compiled program holds something (its executable, jit's forms of it), and the same
   # program serving training and evaluation is counted once.
   assert all(p.held > 0 for p in programs)
@@ -182,8 +183,51 @@ def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny
   assert "compiled programs" in counted.table()
   # Only what the buffers need is compiled-analysed; the held bytes change nothing else.
   for planned, analysed in zip(programs, (tiny_plan.update, tiny_plan.prefill, tiny_plan.decode,
-                                          tiny_plan.eval_prefill, tiny_plan.eval_decode)):
+                                          tiny_plan.eval_prefill, tiny_plan.eval_decode,
+                                          tiny_plan.reference_forward)):
     assert dataclasses.replace(planned, held=0) == analysed
+
+
+def test_the_reference_forward_is_planned_on_the_trainers_layout_and_is_a_phase(tiny_plan):
+  spec = spec_of(small_config())
+  cfg, mesh = planning.resolve(spec, vocab_size=VOCAB)
+  # Its arguments: the reference as the trainer keeps it, and a rollout's rows laid out as
+  # `learner.reference_rows` lays them: 4 prompts x 2 samples over 8 data shards, one row each.
+  selection, group = learner.reference_layout(8, 2, 8, spec.loss.micro_batch_size)
+  rows = len(selection.rows)
+  seq = tiny_plan.shapes.prompt_len + tiny_plan.shapes.max_new_tokens
+  per_device = rows // 8 * seq * (4 + 1)  # int32 tokens and a bool mask, rows over 8 shards
+  forward = tiny_plan.reference_forward
+  assert forward.arguments == tiny_plan.reference + per_device + 4  # and the int32 count
+  assert forward.outputs == rows // 8 * seq * 4  # the log-probs, float32
+  assert tiny_plan.reference_rows == forward.peak - tiny_plan.reference > per_device
+  assert tiny_plan.phases["reference"] == (tiny_plan.params + tiny_plan.optimizer
+                                           + forward.peak)
+  assert "reference forward" in tiny_plan.table()
+  # A longer completion holds more in the reference's phase: its KV cache and log-probs.
+  longer = planning.plan(spec_of(small_config(max_new_tokens=64)), prompt_len=10,
+                         vocab_size=VOCAB)
+  assert longer.reference_rows > tiny_plan.reference_rows
+
+
+def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compile(monkeypatch):
+  monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
+  # pass@2 leave-one-out with sparse updates from 1 row, in micro-batches of 4 of the 8 rows on
+  # one device: updates of 1, 2 and 4 rows a micro-batch.
+  config = small_config(mesh=(1, 1, 1), aggregator="pass_at_k", sparse_min_rows=1,
+                        micro_batch_size=4)
+  spec = spec_of(config)
+  assert spec.loss.use_sparse and planning.sparse.micro_sizes(8, 1, 1, 4) == (1, 2, 4)
+  devices = jax.devices()[:1]
+  counted = planning.plan(spec, devices=devices, prompt_len=10, vocab_size=VOCAB, host=True)
+  if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing compiled
+    assert counted.sparse_updates == ()
+    return
+  assert len(counted.sparse_updates) == 2 and all(p.held > 0 for p in counted.sparse_updates)
+  assert counted.programs >= sum(p.held for p in counted.sparse_updates) + counted.update.held
+  # Without measuring (an accelerator's plan) they are not compiled: they need less than the
+  # dense update.
+  assert planning.plan(spec, devices=devices, prompt_len=10, vocab_size=VOCAB).sparse_updates == ()
 
 
 def test_held_since_counts_what_a_live_object_holds_and_nothing_freed():
