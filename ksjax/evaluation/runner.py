@@ -51,7 +51,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
-from ksjax.model import logprobs, lora
+from ksjax.model import gguf_io, logprobs, lora
 from ksjax.run import checkpoints, policy, scoring
 from ksjax.run import tasks as run_tasks
 from ksjax.run.directory import RunDirectory, locate
@@ -281,6 +281,7 @@ def open_evaluator(s: Settings, run_dir: RunDirectory, task: Task,
   cfg = policy_config(s.run, task.tokenizer.vocab_size)
   output_dir = output_dir or s.output_dir or run_dir.eval_dir(s.output_name())
   base = lora_base(s, task.tokenizer.vocab_size, mesh)
+  gguf_io.forget_parsed()  # the task's tokenizer and a LoRA base are read: no more reads
   return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir,
                    reference_logprobs=reference_logprobs(s, run_dir, cfg, mesh, base), base=base)
 

@@ -162,6 +162,13 @@ def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> gguf.GGUFReader:
   return _BoundedReader(path)
 
 
+def forget_parsed() -> None:
+  """Drops the readers `open_gguf` kept, for a process that reads its GGUF files no more (a
+  run after its set-up): a parsed SmolLM2 holds its metadata's Python objects and its mapped
+  tensors, 0.15 GiB of resident memory, which would otherwise stay to the run's end."""
+  _parsed.cache_clear()
+
+
 def _reader(path: str | gguf.GGUFReader) -> tuple[gguf.GGUFReader, str]:
   """(reader, file name for messages) of a path or an open reader."""
   if isinstance(path, gguf.GGUFReader):

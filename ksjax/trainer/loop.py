@@ -48,7 +48,7 @@ from absl import flags, logging
 from flax import nnx
 
 from ksjax import allocator, distributed, files, machine, model
-from ksjax.model import lora
+from ksjax.model import gguf_io, lora
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
 from ksjax.run import tasks as run_tasks
@@ -145,6 +145,7 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                          **({"devices": list(mesh.devices.flat)} if sampler_mesh else {}))
   llama = policy.build_model(spec.model, tokenizer.vocab_size, mesh,
                              value_head=spec.loss.value_head, seed=spec.run.seed)
+  gguf_io.forget_parsed()  # the task's tokenizer and the weights are read: no more reads
   if sampler_mesh is not None:
     model.sharding.check_divisible(llama.cfg, sampler_mesh)
   _say(f"model: {llama.cfg.num_params:,} parameters, {llama.cfg.num_layers} layers, width "

@@ -417,6 +417,8 @@ def test_an_unchanged_file_is_parsed_once_and_a_rewritten_one_again(good_file, t
   again = gguf_io.open_gguf(str(path))
   assert again is not first
   assert gguf_io.read_gguf_config(again) == gguf_io.read_gguf_config(first)
+  gguf_io.forget_parsed()  # a run's set-up is done: the readers are dropped
+  assert gguf_io.open_gguf(str(path)) is not again
   path.write_bytes(data[:len(data) // 2])  # and a damaged one is read as it now is
   one_line_error(gguf_io.open_gguf, str(path), match="truncated or corrupt GGUF file")
 
