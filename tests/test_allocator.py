@@ -190,7 +190,8 @@ def test_allocated_bytes_follows_glibcs_allocations_and_declines_another_malloc(
   block = bytearray(128 * 2**20)
   held = allocator.allocated_bytes() - before
   del block
-  assert 128 * 2**20 <= held < 136 * 2**20
+  # Less what the process's other threads (a suite worker's XLA pools) free meanwhile: a few MiB.
+  assert 120 * 2**20 <= held < 136 * 2**20
   assert allocator.allocated_bytes() - before < 8 * 2**20
   # With jemalloc preloaded glibc's figures would count only its own idle arenas.
   monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
