@@ -10,6 +10,7 @@ allocator (glibc as it is, glibc on huge pages, jemalloc) and prints each proces
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import resource
@@ -253,6 +254,17 @@ def allocated_bytes() -> int | None:
   needs what a program holds (`memory_plan.held_since`)."""
   if any(_is_allocator(p, os.environ) for p in _preloaded(dict(os.environ))):
     return None
+  mallinfo2 = _mallinfo2()
+  if mallinfo2 is None:
+    return None
+  info = mallinfo2()
+  return int(info.uordblks + info.hblkhd)
+
+
+@functools.cache
+def _mallinfo2():
+  """glibc's `mallinfo2` through ctypes, its result type declared (None where the C library has
+  none), looked up once: `allocated_bytes` is read around every compile the memory plan makes."""
   import ctypes  # pylint: disable=g-import-not-at-top
 
   class _Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2, every field a size_t
@@ -265,5 +277,4 @@ def allocated_bytes() -> int | None:
   except (AttributeError, OSError):
     return None
   mallinfo2.restype = _Mallinfo2
-  info = mallinfo2()
-  return int(info.uordblks + info.hblkhd)
+  return mallinfo2
