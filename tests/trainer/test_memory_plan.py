@@ -166,8 +166,9 @@ def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny
                                                                             monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
   # tiny_plan compiled the same sampler programs: a plan measures what compiling adds, and jit's
-  # caches would find them (`held_since`).
-  jax.clear_caches()
+  # caches would find them (`held_since`). New jitted functions compile afresh (clearing every
+  # cache of the process would make the worker's later tests compile theirs again).
+  planning.sampler_lib.programs.cache_clear()
   counted = planning.plan(spec_of(small_config()), prompt_len=10, vocab_size=VOCAB, host=True)
   if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing measured
     assert counted.programs == 0 and counted.phases == tiny_plan.phases
@@ -218,6 +219,11 @@ def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compi
                         micro_batch_size=2)
   spec = spec_of(config)
   assert spec.loss.use_sparse and planning.sparse.micro_sizes(8, 1, 1, 2) == (1, 2)
+  # The updates are what this is about: the sampler's and the reference's programs are not
+  # compiled (their measuring is the test above's).
+  nothing = planning.ProgramMemory(0, 0, 0, 0)
+  monkeypatch.setattr(planning, "compile_sampler", lambda *a, **k: (nothing, nothing))
+  monkeypatch.setattr(planning, "compile_reference", lambda *a, **k: nothing)
   counted = planning.plan(spec, devices=jax.devices()[:1], prompt_len=10, vocab_size=VOCAB,
                           host=True)
   if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing compiled
