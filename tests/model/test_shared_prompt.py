@@ -52,19 +52,20 @@ def test_equals_attention_over_the_concatenated_cache(p, n, kv_heads, groups, t,
   arrays = case(p, n, kv_heads, groups, t, s)
   expected = reference(*arrays, n)
   f32 = [jnp.asarray(x, jnp.float32) if x.dtype != bool else jnp.asarray(x) for x in arrays]
-  shared = np.asarray(jax.jit(layers.attend_shared_prompt)(*f32))
+  attend_shared = jax.jit(layers.attend_shared_prompt)  # eager, each operation compiles alone
+  shared = np.asarray(attend_shared(*f32))
   assert shared.shape == expected.shape
   np.testing.assert_allclose(shared, expected, rtol=0, atol=2e-6)
   # The dense attention the per-row cache used agrees to the same tolerance.
   q, pk, pv, pmask, k, v, mask = f32
   rows = lambda x: jnp.repeat(x, n, axis=0)
-  dense = layers.attend_dense(q, jnp.concatenate([rows(pk), k], axis=3),
+  dense = jax.jit(layers.attend_dense, static_argnames="v_layout")(q, jnp.concatenate([rows(pk), k], axis=3),
                               jnp.concatenate([rows(pv), v], axis=2),
                               jnp.concatenate([rows(pmask), mask], axis=1)[:, None, :],
                               v_layout="bksh")
   np.testing.assert_allclose(np.asarray(dense), expected, rtol=0, atol=2e-6)
   # It depends on the prompt's values: not a constant or the generated part alone.
-  other = layers.attend_shared_prompt(q, pk, pv * 2.0, pmask, k, v, mask)
+  other = attend_shared(q, pk, pv * 2.0, pmask, k, v, mask)
   assert np.abs(np.asarray(other) - shared).max() > 1e-3
 
 
