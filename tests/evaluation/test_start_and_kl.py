@@ -116,7 +116,8 @@ def test_kl_to_another_reference_equals_a_direct_computation(run_dir, tmp_path):
   scored = scoring.sample_and_score(policy, task, prompts, s.draw(), seed=s.seed)
   tokens_rt, mask_rt = scored.output.sequences()
   t = scored.output.prompt_tokens.shape[1]
-  logp = {name: np.asarray(model.token_logprobs(m, tokens_rt, mask_rt)[0])[:, t:]
+  forward = nnx.jit(lambda m, x, k: model.token_logprobs(m, x, k)[0])  # eager: op by op
+  logp = {name: np.asarray(forward(m, tokens_rt, mask_rt))[:, t:]
           for name, m in (("policy", policy), ("reference", reference))}
   mask_rn = np.asarray(mask_rt)[:, t:]
   k1_r = np.where(mask_rn, logp["policy"] - logp["reference"], 0.0).sum(1)
