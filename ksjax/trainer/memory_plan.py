@@ -5,9 +5,9 @@ A run holds, per device, at all times
   * the frozen reference policy (a second copy of the parameters, for the KL metrics and penalty);
   * with asynchronous rollouts (config.max_lag > 0), the sampler's own copy of the parameters
     (`ksjax.trainer.async_rollouts`): on the learner's devices when it shares them, where sampling
-    and the update then run at the same time; on its own sub-mesh (config.sampler_devices)
-    otherwise, whose devices hold that copy (the sampler's programs are planned on the learner's
-    mesh, not on the sub-mesh);
+    runs beside the learner's phases (reference, update); on its own sub-mesh
+    (config.sampler_devices) otherwise, whose devices hold that copy (the sampler's programs are
+    planned on the learner's mesh, not on the sub-mesh);
 and, one phase at a time,
   * update:   the compiled optimizer step over one mini-batch (gradients, activations of the
               micro-batch, the gathered FSDP weights, the optimizer's temporaries);
@@ -479,7 +479,9 @@ class MemoryPlan:
     if self.reference_forward is not None:
       phases["reference"] = self.params + self.optimizer + self.reference + self.reference_rows
     if self.sampler_params and self.sampler_shared:  # its copy; its programs beside the update
-      phases["update"] += sampling - self.params + self.sampler_params
+      for learner_phase in ("update", "reference"):  # (the learner's phases, sampling ahead)
+        if learner_phase in phases:
+          phases[learner_phase] += sampling - self.params + self.sampler_params
       phases["sampling"] += self.sampler_params
     elif self.sampler_params:  # its own devices: the copy and the sampler's programs
       phases["sampler devices"] = sampling - self.params + self.sampler_params

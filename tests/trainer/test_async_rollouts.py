@@ -251,12 +251,14 @@ def test_the_memory_plan_counts_the_samplers_parameter_copy():
       shapes=memory_plan.Shapes(*[1] * len(dataclasses.fields(memory_plan.Shapes))),
       params=10, optimizer=20, reference=10, update=program, kv_cache=1, prefill=program,
       decode=program, eval_kv_cache=1, eval_prefill=program, eval_decode=program,
-      extrapolated=False)
+      extrapolated=False, reference_forward=program)
   shared = dataclasses.replace(plan, sampler_params=10, sampler_shared=True)
-  assert shared.phases["update"] == plan.phases["update"] + 22 - 10 + 10  # sampling beside it
+  for learner_phase in ("update", "reference"):  # the sampler samples ahead beside both
+    assert shared.phases[learner_phase] == plan.phases[learner_phase] + 22 - 10 + 10
   assert shared.phases["sampling"] == plan.phases["sampling"] + 10
   apart = dataclasses.replace(plan, sampler_params=10)
   assert apart.phases["update"] == plan.phases["update"]
+  assert apart.phases["reference"] == plan.phases["reference"]
   assert apart.phases["sampler devices"] == 22 and "sampler's parameter copy" in apart.table()
 
 
