@@ -95,6 +95,15 @@ def run_plan(config: str, init_hf: str, devices: int, tensor: int, micro: int,
     return json.load(f)
 
 
+PHASES = ("update", "sampling", "eval", "reference")
+
+
+def phases_cell(p: dict) -> str:
+  """The peaks of a plan's phases, GiB, in PHASES' order ('-' for one a plan lacks)."""
+  return " / ".join(f"{p['phases'][name] / GIB:.1f}" if name in p["phases"] else "-"
+                    for name in PHASES)
+
+
 def row(name: str, devices: int, p: dict) -> str:
   if "error" in p:
     return f"| {name} | {devices} | {p['error']} |" + " |" * (7 + len(MEMORY_GB))
@@ -105,8 +114,7 @@ def row(name: str, devices: int, p: dict) -> str:
   return (f"| {name} | {devices} ({mesh}) | {gib(p['params'])} | {gib(p['optimizer'])} | "
           f"{gib(p['reference'])} | {gib(p['update_activations'])} (m={s['micro_batch']}) | "
           f"{gib(p['kv_cache'])} ({s['sample_prompts'] * s['samples']} rows) | "
-          f"{gib(p['phases']['update'])} / {gib(p['phases']['sampling'])} / "
-          f"{gib(p['phases']['eval'])} | {gib(p['peak'])} | " + " | ".join(fits) + " |")
+          f"{phases_cell(p)} | {gib(p['peak'])} | " + " | ".join(fits) + " |")
 
 
 def exact_table() -> str:
@@ -147,7 +155,7 @@ def lora_table() -> str:
   compiled = not _EXACT.value
   header = ("| config | devices (data x fsdp x tensor) | fine-tuning | params: frozen base + "
             "trained | AdamW | reference | state | "
-            + ("peak update / sampling / eval | peak | " + " | ".join(
+            + ("peak update / sampling / eval / reference | peak | " + " | ".join(
                 f"{gb} GB" for gb in MEMORY_GB) + " |" if compiled else "")).rstrip()
   lines = [header, "|" + "---|" * (7 + (2 + len(MEMORY_GB) if compiled else 0))]
   out_dir = os.path.abspath(_OUT.value)
@@ -182,9 +190,7 @@ def lora_table() -> str:
                f"{gib(p['frozen'])} + {gib(p['params'] - p['frozen'])} | {gib(p['optimizer'])} | "
                f"{gib(p['reference'])} | {gib(state)} |")
         if compiled:
-          phases = p["phases"]
-          row += (f" {gib(phases['update'])} / {gib(phases['sampling'])} / "
-                  f"{gib(phases['eval'])} | {gib(p['peak'])} | " + " | ".join(
+          row += (f" {phases_cell(p)} | {gib(p['peak'])} | " + " | ".join(
                       "yes" if p["peak"] <= planning.USABLE_FRACTION * gb * 1e9 else "no"
                       for gb in MEMORY_GB) + " |")
         lines.append(row)
@@ -202,7 +208,7 @@ def main(argv):
     return
   os.makedirs(_OUT.value, exist_ok=True)
   header = ("| config | devices (data x fsdp x tensor) | params | AdamW | reference | update "
-            "activations | KV cache | peak update / sampling / eval | peak | "
+            "activations | KV cache | peak update / sampling / eval / reference | peak | "
             + " | ".join(f"{gb} GB" for gb in MEMORY_GB) + " |")
   lines = [header, "|" + "---|" * (9 + len(MEMORY_GB))]
   out_dir = os.path.abspath(_OUT.value)
