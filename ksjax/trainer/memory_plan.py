@@ -494,7 +494,8 @@ class MemoryPlan:
   @property
   def reference_rows(self) -> int:
     """The reference forward's bytes beyond its parameters (the reference's, and under LoRA the
-    frozen base the policy holds): the rows, their KV cache, temporaries and log-probs."""
+    frozen base the policy holds): the rows, log-probs and temporaries (KV cache, and the weights
+    the program gathers; docs/scaling.md)."""
     if self.reference_forward is None:
       return 0
     return self.reference_forward.peak - self.reference - self.frozen
@@ -534,8 +535,9 @@ class MemoryPlan:
         f"  sampler KV cache          {gib(self.kv_cache)}",
         f"  sampler, other than cache {gib(sampler_other)}",
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
-        *([f"  reference forward         {gib(self.reference_rows)} (a rollout's rows, their "
-           "KV cache, log-probs)"] if self.reference_forward is not None else []),
+        *([f"  reference forward         {gib(self.reference_rows)} (a rollout's rows and the "
+           "forward's temporaries: KV cache, gathered weights)"]
+          if self.reference_forward is not None else []),
         *([f"  host process              {gib(self.host)} (interpreter, libraries, CPU "
            "backend; in every phase)"] if self.host else []),
         *([f"  compiled programs         {gib(self.programs)} (executables, jit's caches; "
@@ -770,8 +772,9 @@ def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
                  "one block's activations and gathered weights are live, not all of them")
   if phase == "reference":
     out.append(f"smaller micro-batch: config.micro_batch_size (now {s.micro_batch}): the "
-               f"reference forward runs micro-batches of whole groups of {s.samples} samples, "
-               f"whose rows and KV cache take {p.reference_rows / GIB:.1f} GiB")
+               f"reference forward runs micro-batches of whole groups of {s.samples} samples; "
+               f"its rows and temporaries (KV cache, gathered weights) take "
+               f"{p.reference_rows / GIB:.1f} GiB")
   if phase in ("sampling", "eval"):
     cache = p.kv_cache if phase == "sampling" else p.eval_kv_cache
     field = "batch_prompts" if phase == "sampling" else "eval.batch_prompts"
