@@ -59,10 +59,10 @@ def test_equals_attention_over_the_concatenated_cache(p, n, kv_heads, groups, t,
   # The dense attention the per-row cache used agrees to the same tolerance.
   q, pk, pv, pmask, k, v, mask = f32
   rows = lambda x: jnp.repeat(x, n, axis=0)
-  dense = jax.jit(layers.attend_dense, static_argnames="v_layout")(q, jnp.concatenate([rows(pk), k], axis=3),
-                              jnp.concatenate([rows(pv), v], axis=2),
-                              jnp.concatenate([rows(pmask), mask], axis=1)[:, None, :],
-                              v_layout="bksh")
+  attend_dense = jax.jit(layers.attend_dense, static_argnames="v_layout")
+  dense = attend_dense(q, jnp.concatenate([rows(pk), k], axis=3),
+                       jnp.concatenate([rows(pv), v], axis=2),
+                       jnp.concatenate([rows(pmask), mask], axis=1)[:, None, :], v_layout="bksh")
   np.testing.assert_allclose(np.asarray(dense), expected, rtol=0, atol=2e-6)
   # It depends on the prompt's values: not a constant or the generated part alone.
   other = attend_shared(q, pk, pv * 2.0, pmask, k, v, mask)
