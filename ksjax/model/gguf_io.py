@@ -164,8 +164,9 @@ def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> gguf.GGUFReader:
 
 def forget_parsed() -> None:
   """Drops the readers `open_gguf` kept, for a process that reads its GGUF files no more (a
-  run after its set-up): a parsed SmolLM2 holds its metadata's Python objects and its mapped
-  tensors, 0.15 GiB of resident memory, which would otherwise stay to the run's end."""
+  run after its set-up): a parsed file holds its metadata's Python objects and its mapped tensors,
+  which would otherwise stay resident to the run's end (docs/benchmarks.md, "The compiled
+  programs in the plan")."""
   _parsed.cache_clear()
 
 

@@ -288,9 +288,8 @@ def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.M
   rows = -(-spec.minibatch_rows // micro) * micro  # as `sparse.layout` pads a mini-batch
   batch = batch_lib.abstract(spec.loss, mesh, rows=rows, micro=micro,
                              seq_len=shapes.prompt_len + shapes.max_new_tokens)
-  before = allocated_now() if measure else None
-  compiled = updater.step_program(state, batch, shapes.prompt_len).lower(state, batch).compile()
-  return ProgramMemory.of(compiled, held_since(before))
+  step = updater.step_program(state, batch, shapes.prompt_len)
+  return _compiled(lambda: step.lower(state, batch), measure)
 
 
 def compile_reference(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
@@ -313,9 +312,7 @@ def compile_reference(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.shardin
           jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),
           jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=rows),
           jax.ShapeDtypeStruct((), jnp.int32))
-  before = allocated_now() if measure else None
-  compiled = program.lower(*args).compile()
-  return ProgramMemory.of(compiled, held_since(before))
+  return _compiled(lambda: program.lower(*args), measure)
 
 
 def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh, *,
@@ -343,11 +340,15 @@ def compile_sampler(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.
   prompt = placed(prompt, sampler_lib.prompt_shardings(mesh, prompts))
   state = placed(state, sampler_lib.state_shardings(mesh))
   stop_at = jax.ShapeDtypeStruct((), jnp.int32)
+  return (_compiled(lambda: prefill.lower(*args), measure),
+          _compiled(lambda: decode.lower(params, prompt, state, stop_at), measure))
+
+
+def _compiled(lower, measure: bool) -> ProgramMemory:
+  """The memory of the program `lower()` lowers, compiled; with `measure`, also what it holds in
+  this process from its tracing on (`held_since`)."""
   before = allocated_now() if measure else None
-  prefill_memory = ProgramMemory.of(prefill.lower(*args).compile(), held_since(before))
-  before = allocated_now() if measure else None
-  compiled_decode = decode.lower(params, prompt, state, stop_at).compile()
-  return prefill_memory, ProgramMemory.of(compiled_decode, held_since(before))
+  return ProgramMemory.of(lower().compile(), held_since(before))
 
 
 def allocated_now() -> int | None:
