@@ -16,7 +16,6 @@ import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 from absl import app, flags
 from flax import nnx

@@ -8,7 +8,6 @@ TF_CPP_MIN_LOG_LEVEL.
 """
 
 import logging
-import os
 import re
 import subprocess
 import sys

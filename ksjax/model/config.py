@@ -67,7 +67,7 @@ class LlamaConfig:
   matmul_dtype: str | None = None
   value_head: bool = False
   # Rematerialise each decoder block in the backward pass and run the blocks as a scan over
-  # layers (`Llama.scanned_blocks`): one block's activations and gathered weights live at a time.
+  # layers (`Llama.through_layers`): one block's activations and gathered weights live at a time.
   remat: bool = False
 
   def __post_init__(self):

@@ -37,10 +37,16 @@ def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
 
 def init_cache(cfg: LlamaConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
   """An empty KV cache with `max_len` slots per sequence (layout: `Cache`)."""
+  layer_caches = [layer_cache(cfg, batch_size, max_len, dtype) for _ in range(cfg.num_layers)]
+  return {"k": [k for k, _ in layer_caches], "v": [v for _, v in layer_caches]}
+
+
+def layer_cache(cfg: LlamaConfig, batch_size: int, max_len: int,
+                dtype=None) -> tuple[jax.Array, jax.Array]:
+  """One layer's empty keys [B, K, H, S] and values [B, K, S, H] (layout: `Cache`)."""
   b, k, h, s = batch_size, cfg.num_kv_heads, cfg.head_dim, max_len
   dtype = jnp.dtype(dtype or cfg.dtype)
-  return {"k": [jnp.zeros((b, k, h, s), dtype) for _ in range(cfg.num_layers)],
-          "v": [jnp.zeros((b, k, s, h), dtype) for _ in range(cfg.num_layers)]}
+  return jnp.zeros((b, k, h, s), dtype), jnp.zeros((b, k, s, h), dtype)
 
 
 def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int,
@@ -169,16 +175,13 @@ class Llama(nnx.Module):
     else:
       cos, sin = self.cos_sin(positions)
     x_btd = self.embed(tokens_bt)
-    if self.cfg.remat:
-      x_btd = self.scanned_blocks(x_btd, cos, sin, mask_btt)
-    else:
-      for layer in self.layers:
-        x_btd = layer(x_btd, cos, sin, mask_btt)
+    x_btd = self.through_layers(lambda layer, x: layer(x, cos, sin, mask_btt), x_btd)
     return self.norm(x_btd)
 
-  def scanned_blocks(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
-    """The decoder blocks as one `lax.scan` over their stacked parameters, each block
-    rematerialised in the backward pass (`cfg.remat`).
+  def through_layers(self, block, carry):
+    """`carry = block(layer, carry)` for each decoder layer in turn: unrolled, or with
+    `cfg.remat` as one `lax.scan` over the layers' stacked parameters, each block
+    rematerialised in a backward pass.
 
     Why a scan: unrolled, the blocks' FSDP all-gathers depend only on the parameters, so XLA may
     issue all of them up front and hold every layer's gathered weights (and their full-size
@@ -188,14 +191,18 @@ class Llama(nnx.Module):
     import, sharding and the KV-cache path are unchanged); stacking them costs one copy of this
     device's parameter shards, split like the parameters (FSDP), not gathered.
     """
+    if not self.cfg.remat:
+      for layer in self.layers:
+        carry = block(layer, carry)
+      return carry
     graphdef, _ = nnx.split(self.layers[0])
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(l) for l in self.layers))
 
-    def block(x_btd, layer_state):
-      return nnx.merge(graphdef, layer_state)(x_btd, cos_bth, sin_bth, mask_btt), None
+    def step(carry, layer_state):
+      return block(nnx.merge(graphdef, layer_state), carry), None
 
-    x_btd, _ = jax.lax.scan(jax.checkpoint(block, prevent_cse=False), x_btd, stacked)
-    return x_btd
+    carry, _ = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), carry, stacked)
+    return carry
 
   def __call__(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
@@ -251,11 +258,7 @@ class Llama(nnx.Module):
     A prefill needs the logits of the last prompt position only; taking them from these hidden
     states avoids forming [B, T, V] (XLA does not slice the lm-head matmul by itself).
     """
-    t = tokens_bt.shape[1]
-    s = cache["k"][0].shape[-1]
-    slot_s = jnp.arange(s)
-    query_slot_t = cache_index + jnp.arange(t)
-    mask_bts = kv_mask_bs.astype(bool)[:, None, :] & (slot_s[None, :] <= query_slot_t[:, None])[None]
+    mask_bts = slot_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
     cos, sin = self.cos_sin(positions_bt)
     x_btd = self.embed(tokens_bt)
     keys, values = [], []
@@ -264,3 +267,46 @@ class Llama(nnx.Module):
       keys.append(k_bkhs)
       values.append(v_bksh)
     return self.norm(x_btd), {"k": keys, "v": values}
+
+  def hidden_continuations(self, prompt_pt: jax.Array, positions_pt: jax.Array,
+                           pmask_pt: jax.Array, completion_bn: jax.Array, positions_bn: jax.Array,
+                           mask_bs: jax.Array, group: int) -> tuple[jax.Array, jax.Array]:
+    """Final-normed hidden states of P prompts [P, T, D] and of their rows' completions
+    [B, N, D], B = P * group, row b continuing prompt b // group: the values of `hidden_cached`
+    of the prompts into a cache of T + N slots (kv mask `pmask`), then of the completions at slot
+    T over that cache repeated to the rows (kv mask `mask_bs` [B, T + N]), computed layer by
+    layer instead of pass by pass.
+
+    Why layer by layer: run as two passes over the layers, a program uses each layer's weights
+    in both, so it keeps every layer's FSDP-gathered weights and every layer's prompt cache from
+    the first pass to the second (all the model's at once; docs/scaling.md has the figures).
+    Here a layer runs its prompts and then their completions, and only that layer's cache, and
+    its copy repeated to the rows, exist while it runs; with `cfg.remat` the layers run as a
+    scan (`through_layers`), so only that layer's gathered weights do too (unrolled, XLA:CPU
+    gathers every layer's up front).
+    """
+    p, t = prompt_pt.shape
+    n = completion_bn.shape[1]
+    repeat = lambda x: jnp.repeat(x, group, axis=0)
+    kv_mask_ps = jnp.concatenate([pmask_pt.astype(bool), jnp.zeros((p, n), bool)], axis=1)
+    prompt_mask, completion_mask = slot_mask(kv_mask_ps, 0, t), slot_mask(mask_bs, t, n)
+    (cos_p, sin_p), (cos_b, sin_b) = self.cos_sin(positions_pt), self.cos_sin(positions_bn)
+    def block(layer, carry):
+      x_ptd, x_bnd = carry
+      k_pkhs, v_pksh = layer_cache(self.cfg, p, t + n)
+      x_ptd, k_pkhs, v_pksh = layer.cached(x_ptd, cos_p, sin_p, prompt_mask, k_pkhs, v_pksh,
+                                           jnp.int32(0))
+      x_bnd, _, _ = layer.cached(x_bnd, cos_b, sin_b, completion_mask, repeat(k_pkhs),
+                                 repeat(v_pksh), jnp.int32(t))
+      return x_ptd, x_bnd
+
+    x_ptd, x_bnd = self.through_layers(block, (self.embed(prompt_pt), self.embed(completion_bn)))
+    return self.norm(x_ptd), self.norm(x_bnd)
+
+
+def slot_mask(kv_mask_bs: jax.Array, cache_index, t: int) -> jax.Array:
+  """bool [B, T, S]: query t (at cache slot cache_index + t) sees slot s iff kv_mask[b, s] and
+  s <= cache_index + t (causality by slot index)."""
+  slot_s = jnp.arange(kv_mask_bs.shape[-1])
+  query_slot_t = cache_index + jnp.arange(t)
+  return kv_mask_bs.astype(bool)[:, None, :] & (slot_s[None, :] <= query_slot_t[:, None])[None]

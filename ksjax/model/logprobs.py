@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ksjax.model import layers, sharding
-from ksjax.model.llama import default_positions, init_cache
+from ksjax.model.llama import default_positions
 
 # Without a `seq_chunk`, a sequence chunk takes about CHUNK_ROWS positions of all B rows together.
 # With slices of DEFAULT_VOCAB_CHUNK columns, each step's float32 logits block ([1024, 2048], 8
@@ -324,8 +324,9 @@ def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, promp
   Rows g * group .. g * group + group - 1 hold the same left-padded prompt in columns
   [0, prompt_len) (the caller's contract; not checked) and their own completions after it, as
   `SampleOutput.sequences` lays a sampler call out. The prompts, [B / group, T], go through the
-  model once into a KV cache (`Llama.hidden_cached`, as the sampler's prefill); the cache is
-  repeated to the group's rows, and the completions, [B, N], go through once more over it. So the
+  model once into a KV cache (as the sampler's prefill); the cache is repeated to the group's
+  rows, and the completions, [B, N], go through once more over it, layer by layer
+  (`Llama.hidden_continuations`, which says why). So the
   weights see B / group * T + B * N positions instead of B * (T + N), and the head only the
   completions' (and each prompt's last). Why: the evaluation's KL scores every sample of a
   problem against a reference, and with its 16 samples per problem and the arithmetic prompts
@@ -339,18 +340,14 @@ def continuation_logprobs(llama, tokens_bt: jax.Array, mask_bt: jax.Array, promp
     raise ValueError(f"{b} rows do not come in groups of {group}")
   t, n = prompt_len, total - prompt_len
   prompt_pt, pmask_pt = tokens_bt[::group, :t], mask_bt[::group, :t].astype(bool)
-  p = prompt_pt.shape[0]
   positions_pt = default_positions(pmask_pt)
-  cache = init_cache(llama.cfg, p, total)
-  kv_mask_ps = jnp.concatenate([pmask_pt, jnp.zeros((p, n), bool)], axis=1)
-  hidden_ptd, cache = llama.hidden_cached(prompt_pt, positions_pt, cache, jnp.int32(0), kv_mask_ps)
   repeat = lambda x: jnp.repeat(x, group, axis=0)
   completion_bn, mask_bs = tokens_bt[:, t:], mask_bt.astype(bool)
   # Completion token j sits at position (the prompt's length) + j, as in `default_positions` of
   # the whole row and in the sampler.
   positions_bn = repeat(positions_pt[:, -1:] + 1) + jnp.arange(n, dtype=jnp.int32)[None, :]
-  hidden_bnd, _ = llama.hidden_cached(completion_bn, positions_bn, jax.tree.map(repeat, cache),
-                                      jnp.int32(t), mask_bs)
+  hidden_ptd, hidden_bnd = llama.hidden_continuations(prompt_pt, positions_pt, pmask_pt,
+                                                      completion_bn, positions_bn, mask_bs, group)
   # Token j is predicted by the position before it: the prompt's last for j = 0.
   before_bnd = jnp.concatenate([repeat(hidden_ptd[:, -1:]), hidden_bnd[:, :-1]], axis=1)
   w, vocab_axis = llama.head_weight()

@@ -236,7 +236,8 @@ def sharded_forward(llama: nnx.Module, mesh: jax.sharding.Mesh):
 
 def sharded_apply(llama: nnx.Module, mesh: jax.sharding.Mesh, apply, out_spec: P):
   """`fn(tokens_bt, mask_bt) -> apply(llama, tokens_bt, mask_bt)`, jitted with the parameters
-  sharded by spec, the batch over data x fsdp and the output as `out_spec` says."""
+  sharded by spec, the batch over data x fsdp and the output as `out_spec` says; `fn.lower`
+  lowers it for the same arguments."""
   graphdef, state = nnx.split(llama)
   shardings = state_shardings(state, mesh)
   data = batch_sharding(mesh)
@@ -247,7 +248,9 @@ def sharded_apply(llama: nnx.Module, mesh: jax.sharding.Mesh, apply, out_spec: P
 
   jitted = jax.jit(forward, in_shardings=(shardings, data, data),
                    out_shardings=NamedSharding(mesh, out_spec))
-  return lambda tokens_bt, mask_bt: jitted(state, tokens_bt, mask_bt)
+  fn = lambda tokens_bt, mask_bt: jitted(state, tokens_bt, mask_bt)
+  fn.lower = lambda tokens_bt, mask_bt: jitted.lower(state, tokens_bt, mask_bt)
+  return fn
 
 
 def per_device_bytes(state: nnx.State) -> dict[jax.Device, int]:

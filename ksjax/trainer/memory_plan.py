@@ -33,10 +33,11 @@ themselves: the trainer's `Updater` step and the sampler's prefill and decode ar
 `Compiled.memory_analysis()` gives per-device argument, output, aliased and temporary bytes.
 Nothing is allocated, so a 70B model is planned on a laptop.
 
-Depth. With `remat` the update runs its decoder blocks as a scan (`Llama.scanned_blocks`): one
-compiled block whatever the depth, so it is compiled whole (its bytes are not affine in depth at
-small depths: for Llama 3.1 8B on 8 devices, extrapolating from 2 and 4 layers underestimated
-the compiled 32-layer plan; benchmarks/memory_plan.py prints the plans). Unrolled programs (the sampler's prefill and decode, the update
+Depth. With `remat` the update and the reference forward run their decoder blocks as a scan
+(`Llama.through_layers`): one compiled block whatever the depth, so each is compiled whole (its
+bytes are not affine in depth at small depths: for Llama 3.1 8B on 8 devices, extrapolating from
+2 and 4 layers underestimated the compiled 32-layer plan; benchmarks/memory_plan.py prints the
+plans). Unrolled programs (the sampler's prefill and decode, the update and reference forward
 without remat) take minutes to compile for a 70B model on 256 devices; every decoder block is the
 same program, so their bytes are affine in the number of layers, and models deeper than
 `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full compiles). The
@@ -688,7 +689,7 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   update = _by_depth(lambda c, m: compile_update(spec, c, mesh, shapes, measure=m), cfg,
                      scanned=cfg.remat, measure=measure)
   reference_forward = _by_depth(lambda c, m: compile_reference(spec, c, mesh, shapes, measure=m),
-                                cfg, measure=measure)
+                                cfg, scanned=cfg.remat, measure=measure)
   # A sparse update's smaller micro-batches need less than the dense one: compiled only for what
   # the process keeps for them, at the model's depth.
   smaller = [m for m in sparse.micro_sizes(spec.minibatch_rows, sharding.batch_shards(mesh),
@@ -768,14 +769,15 @@ def advice(memory_plan: MemoryPlan, device_memory: int) -> list[str]:
       out.append(f"smaller micro-batch: config.micro_batch_size={smaller} (now {s.micro_batch}; "
                  f"the update's batch and activations take {p.update_activations / GIB:.1f} "
                  f"GiB, about {per_row / GIB:.2f} GiB per row)")
-    if not p.model.remat:
-      out.append("config.model.remat=True: scan the decoder blocks and rematerialise each, so "
-                 "one block's activations and gathered weights are live, not all of them")
   if phase == "reference":
     out.append(f"smaller micro-batch: config.micro_batch_size (now {s.micro_batch}): the "
                f"reference forward runs micro-batches of whole groups of {s.samples} samples; "
                f"its rows and temporaries (KV cache, gathered weights) take "
                f"{p.reference_rows / GIB:.1f} GiB")
+  if phase in ("update", "reference") and not p.model.remat:
+    out.append("config.model.remat=True: scan the decoder blocks (and rematerialise each in the "
+               "update), so one block's activations and gathered weights are live, not all of "
+               "them")
   if phase in ("sampling", "eval"):
     cache = p.kv_cache if phase == "sampling" else p.eval_kv_cache
     field = "batch_prompts" if phase == "sampling" else "eval.batch_prompts"

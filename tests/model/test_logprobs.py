@@ -150,13 +150,14 @@ def _groups(vocab, prompts, group, t, n, seed=0):
   return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask), lengths
 
 
-@pytest.mark.parametrize("tied,prompts,group,t,n", [
-    (True, 3, 4, 9, 6),    # SmolLM2's tied head; prompts of 9, 7 and 5 tokens
-    (False, 2, 1, 5, 8),   # a group of one: each row its own prompt
-    (True, 1, 8, 12, 1),   # one prompt, one completion token
+@pytest.mark.parametrize("tied,prompts,group,t,n,remat", [
+    (True, 3, 4, 9, 6, False),    # SmolLM2's tied head; prompts of 9, 7 and 5 tokens
+    (False, 2, 1, 5, 8, False),   # a group of one: each row its own prompt
+    (True, 1, 8, 12, 1, False),   # one prompt, one completion token
+    (False, 2, 4, 7, 5, True),    # the layers as a scan (`Llama.through_layers`)
 ])
-def test_continuation_logprobs_equal_the_full_forward(tied, prompts, group, t, n):
-  cfg = model.preset("tiny", tie_embeddings=tied)
+def test_continuation_logprobs_equal_the_full_forward(tied, prompts, group, t, n, remat):
+  cfg = model.preset("tiny", tie_embeddings=tied, remat=remat)
   llama = model.Llama(cfg, rngs=nnx.Rngs(2))
   tokens, mask, lengths = _groups(cfg.vocab_size, prompts, group, t, n)
   full = nnx.jit(lambda m, x, k: model.token_logprobs(m, x, k)[0])(llama, tokens, mask)[:, t:]

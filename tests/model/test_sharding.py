@@ -11,7 +11,7 @@ from flax import nnx
 
 from ksjax import model
 from ksjax.config_validation import ConfigError
-from ksjax.model import sharding
+from ksjax.model import logprobs, sharding
 
 CFG = model.preset("tiny", vocab_size=256, tie_embeddings=False, value_head=True)
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 1, 1)]
@@ -198,3 +198,37 @@ def test_scanned_rematerialised_blocks_on_a_mesh_match_unsharded(reference_logit
   tokens, mask = _batch()
   logits = sharding.sharded_forward(llama, mesh)(tokens, mask)
   np.testing.assert_allclose(np.asarray(logits), reference_logits, atol=1e-5, rtol=0)
+
+
+def test_rematerialised_continuations_gather_one_layer_at_a_time():
+  """`continuation_logprobs` runs each layer's prompts and completions back to back, and with
+  cfg.remat as a scan: on an FSDP mesh its compiled temporaries grow with depth by less than one
+  layer's gathered weights (unrolled, XLA:CPU gathers every layer's weights up front, and the
+  two passes kept them all: about one layer's weights per layer). Its log-probs on the mesh are
+  the unsharded model's."""
+  mesh = model.make_mesh((1, 8, 1))
+  wide = dataclasses.replace(CFG, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                             intermediate_size=2048, value_head=False, remat=True)
+  group, t = 4, 6
+  tokens, mask = _batch(b=8, t=10)
+  mask = mask.at[:, t:].set(1)
+  tokens = tokens.at[:, :t].set(jnp.repeat(tokens[::group, :t], group, axis=0))
+  mask = mask.at[:, :t].set(jnp.repeat(mask[::group, :t], group, axis=0))
+
+  def program(layers):
+    llama = model.shard(model.Llama(dataclasses.replace(wide, num_layers=layers),
+                                    rngs=nnx.Rngs(3)), mesh)
+    apply = lambda m, x, k: logprobs.continuation_logprobs(m, x, k, t, group)
+    return llama, sharding.sharded_apply(llama, mesh, apply, jax.sharding.PartitionSpec())
+
+  temps = {}
+  for layers in (2, 4):
+    llama, fn = program(layers)
+    temps[layers] = fn.lower(tokens, mask).compile().memory_analysis().temp_size_in_bytes
+  layer_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(llama.layers[0])))
+  assert (temps[4] - temps[2]) / 2 < 0.5 * layer_bytes, (temps, layer_bytes)
+  unsharded = nnx.merge(*nnx.split(llama))
+  expected = nnx.jit(lambda m, x, k: logprobs.continuation_logprobs(m, x, k, t, group))(
+      jax.device_put(unsharded, jax.devices()[0]), tokens, mask)
+  np.testing.assert_allclose(np.asarray(fn(tokens, mask)), np.asarray(expected), atol=1e-5,
+                             rtol=0)

@@ -269,6 +269,20 @@ def test_a_lora_plan_that_does_not_fit_is_advised_a_4_bit_base_and_not_lora_agai
   assert "config.lora" not in " ".join(planning.advice(qlora, device_memory=10**6))
 
 
+def test_a_plan_whose_peak_is_the_reference_forward_is_advised_for_it(tiny_plan):
+  """Without remat the reference forward's unrolled layers may gather every layer's weights at
+  once (docs/scaling.md): where it is the peak, the advice names remat and its micro-batch."""
+  big = 64 * 2**30
+  forward = dataclasses.replace(tiny_plan.reference_forward, temps=big)
+  plan = dataclasses.replace(tiny_plan, reference_forward=forward,
+                             model=dataclasses.replace(tiny_plan.model, remat=False))
+  assert max(plan.phases, key=plan.phases.get) == "reference"
+  advice = " ".join(planning.advice(plan, device_memory=10**6))
+  assert "config.model.remat=True" in advice and "reference forward" in advice
+  remat = dataclasses.replace(plan, model=dataclasses.replace(plan.model, remat=True))
+  assert "config.model.remat" not in " ".join(planning.advice(remat, device_memory=10**6))
+
+
 def test_bfloat16_is_advised_for_float32_and_halves_the_parameters():
   f32 = small_config()
   bf16 = small_config()
