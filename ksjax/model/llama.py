@@ -175,13 +175,14 @@ class Llama(nnx.Module):
     else:
       cos, sin = self.cos_sin(positions)
     x_btd = self.embed(tokens_bt)
-    x_btd = self.through_layers(lambda layer, x: layer(x, cos, sin, mask_btt), x_btd)
+    x_btd, _ = self.through_layers(lambda layer, x: (layer(x, cos, sin, mask_btt), None), x_btd)
     return self.norm(x_btd)
 
   def through_layers(self, block, carry):
-    """`carry = block(layer, carry)` for each decoder layer in turn: unrolled, or with
+    """`carry, out = block(layer, carry)` for each decoder layer in turn: unrolled, or with
     `cfg.remat` as one `lax.scan` over the layers' stacked parameters, each block
-    rematerialised in a backward pass.
+    rematerialised in a backward pass. Returns the last carry and the outputs, each leaf a list
+    of one array per layer (as `Cache`).
 
     Why a scan: unrolled, the blocks' FSDP all-gathers depend only on the parameters, so XLA may
     issue all of them up front and hold every layer's gathered weights (and their full-size
@@ -189,20 +190,23 @@ class Llama(nnx.Module):
     block's weights and activations are live at a time and the backward pass keeps only each
     block's input [L, B, T, D]. The parameters stay a list of layers (checkpoints, Hugging Face
     import, sharding and the KV-cache path are unchanged); stacking them costs one copy of this
-    device's parameter shards, split like the parameters (FSDP), not gathered.
+    device's parameter shards, split like the parameters (FSDP), not gathered, and splitting the
+    scan's stacked outputs into one array per layer costs a copy of them.
     """
     if not self.cfg.remat:
+      outs = []
       for layer in self.layers:
-        carry = block(layer, carry)
-      return carry
+        carry, out = block(layer, carry)
+        outs.append(out)
+      return carry, jax.tree.map(lambda *xs: list(xs), *outs)
     graphdef, _ = nnx.split(self.layers[0])
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(l) for l in self.layers))
 
     def step(carry, layer_state):
-      return block(nnx.merge(graphdef, layer_state), carry), None
+      return block(nnx.merge(graphdef, layer_state), carry)
 
-    carry, _ = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), carry, stacked)
-    return carry
+    carry, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), carry, stacked)
+    return carry, jax.tree.map(lambda y: list(y), ys)
 
   def __call__(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
@@ -268,6 +272,26 @@ class Llama(nnx.Module):
       values.append(v_bksh)
     return self.norm(x_btd), {"k": keys, "v": values}
 
+  def prefill(self, tokens_bt: jax.Array, positions_bt: jax.Array, kv_mask_bt: jax.Array
+              ) -> tuple[jax.Array, Cache]:
+    """`hidden_cached` of the tokens into an empty cache of T slots: final-normed hidden states
+    [B, T, D] and the cache (in `cfg.dtype`, as `init_cache`'s). Each layer makes its own cache,
+    and with `cfg.remat` the layers run as a scan (`through_layers`), so one layer's gathered
+    weights are live at a time, not every layer's (unrolled, XLA:CPU gathers them all up front;
+    docs/scaling.md); the scan's stacked cache is split into one array per layer (a copy)."""
+    b, t = tokens_bt.shape
+    mask_bts = slot_mask(kv_mask_bt, 0, t)
+    cos, sin = self.cos_sin(positions_bt)
+
+    def block(layer, x_btd):
+      k_bkhs, v_bksh = layer_cache(self.cfg, b, t)
+      x_btd, k_bkhs, v_bksh = layer.cached(x_btd, cos, sin, mask_bts, k_bkhs, v_bksh,
+                                           jnp.int32(0))
+      return x_btd, {"k": k_bkhs, "v": v_bksh}
+
+    x_btd, cache = self.through_layers(block, self.embed(tokens_bt))
+    return self.norm(x_btd), cache
+
   def hidden_continuations(self, prompt_pt: jax.Array, positions_pt: jax.Array,
                            pmask_pt: jax.Array, completion_bn: jax.Array, positions_bn: jax.Array,
                            mask_bs: jax.Array, group: int) -> tuple[jax.Array, jax.Array]:
@@ -298,9 +322,10 @@ class Llama(nnx.Module):
                                            jnp.int32(0))
       x_bnd, _, _ = layer.cached(x_bnd, cos_b, sin_b, completion_mask, repeat(k_pkhs),
                                  repeat(v_pksh), jnp.int32(t))
-      return x_ptd, x_bnd
+      return (x_ptd, x_bnd), None
 
-    x_ptd, x_bnd = self.through_layers(block, (self.embed(prompt_pt), self.embed(completion_bn)))
+    (x_ptd, x_bnd), _ = self.through_layers(block, (self.embed(prompt_pt),
+                                                    self.embed(completion_bn)))
     return self.norm(x_ptd), self.norm(x_bnd)
 
 

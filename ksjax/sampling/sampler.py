@@ -32,7 +32,7 @@ those, then writing them back; a loop over all S slots would read every unwritte
 step. Each phase is its own compiled loop body; generations of at most 97 tokens take one.
 
 The prefill runs the model over the [P', T] prompt batch in one call, keeps the logits of the last
-position only (`Llama.hidden_cached`, so [P', T, V] never exists), gives each prompt's cache and
+position only (`Llama.prefill`, so [P', T, V] never exists), gives each prompt's cache and
 logits to its n rows, and samples token 0. `prefill_once=True` prefills each prompt once, and its
 cache serves its n rows; False repeats the prompts and prefills every row (n times the prefill
 compute, and a prompt cache per row: n = 1). Both give the same samples; benchmarks/sampling.py
@@ -47,7 +47,11 @@ Sharding: rows over ("data", "fsdp"), kv heads over "tensor" (`sharding.cache_sh
 the programs' out_shardings (the prompt cache's prompts too where the batch shards divide P',
 else replicated over them) and held inside the loop by sharding constraints; parameters keep the
 partition specs of `sharding.state_shardings`. The mesh has Auto axes (see model/sharding.py), so
-the partitioner inserts the collectives.
+the partitioner inserts the collectives. The prefill is traced under the mesh, so the model's
+activation constraints hold its rows over ("data", "fsdp") and XLA gathers each fsdp-split weight;
+traced without it, XLA kept the weights split and all-reduced each MLP product's activations
+whole on every device (docs/scaling.md). The decode step is not: a token per row, its
+all-reduced activations are smaller than the weights a gather would move at every step.
 
 Compiled programs are cached per (model structure, SamplerConfig, mesh, Shapes); the buckets of
 batching.py bound the number of Shapes a run meets.
@@ -150,13 +154,11 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
   mask bool [B, S] (all False), and the position of the next token int32 [B];
   B = P' * num_samples.
   """
-  t = tokens_pt.shape[1]
   repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
   positions_pt = default_positions(mask_pt)
   if not prefill_once:
     tokens_pt, mask_pt, positions_pt = repeat(tokens_pt), repeat(mask_pt), repeat(positions_pt)
-  cache = init_cache(llama.cfg, tokens_pt.shape[0], t)
-  hidden_ptd, cache = llama.hidden_cached(tokens_pt, positions_pt, cache, jnp.int32(0), mask_pt)
+  hidden_ptd, cache = llama.prefill(tokens_pt, positions_pt, mask_pt)
   logits_pv = llama.logits(hidden_ptd[:, -1:])[:, 0]
   prompt = PromptCache(cache=cache, mask_pt=mask_pt)
   if prefill_once:
@@ -297,9 +299,10 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
 
   def prefill(params, tokens_pt, mask_pt, num_rows, seed):
     llama = nnx.merge(graphdef, params)
-    logits_bv, prompt, cache, kv_mask_bs, position_b = prefill_logits(
-        llama, tokens_pt, mask_pt, num_samples=shapes.num_samples, new_slots=new_slots(cfg),
-        prefill_once=cfg.prefill_once)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # activation shardings
+      logits_bv, prompt, cache, kv_mask_bs, position_b = prefill_logits(
+          llama, tokens_pt, mask_pt, num_samples=shapes.num_samples, new_slots=new_slots(cfg),
+          prefill_once=cfg.prefill_once)
     b = shapes.rows
     row_b = jnp.arange(b)
     ds = DecodeState(

@@ -1,6 +1,8 @@
 """The sampler on ("data", "fsdp", "tensor") meshes of 8 fake CPU devices: the same greedy samples
 on every mesh, and the cache and rows sharded as documented."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -124,3 +126,38 @@ def test_decoding_in_phases_on_a_mesh_gives_the_one_loop_samples():
   np.testing.assert_array_equal(out.tokens, one_loop.tokens)
   np.testing.assert_allclose(out.logprobs, one_loop.logprobs, atol=1e-5, rtol=0)
   assert len({tuple(row) for row in np.asarray(out.tokens).tolist()}) > 1
+
+
+def test_a_rematerialised_prefill_on_fsdp_gathers_one_layer_at_a_time():
+  """The prefill runs under the mesh's activation shardings (rows over data x fsdp), and with
+  cfg.remat its layers as a scan (`Llama.prefill`): on an FSDP mesh its compiled temporaries
+  grow with depth by less than one layer's weights (without the shardings XLA kept the weights
+  split and all-reduced every MLP's [rows, T, F] activations whole on each device; unrolled,
+  XLA:CPU gathered every layer's weights up front). Its greedy samples are the unsharded
+  model's without remat."""
+  mesh = model.make_mesh((1, 8, 1))
+  wide = dataclasses.replace(CFG, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                             intermediate_size=2048, remat=True)
+  cfg = sampling.SamplerConfig(max_new_tokens=4)
+  shapes = sampler.Shapes(prompt_rows=8, num_samples=2, prompt_len=16)
+  temps = {}
+  for layers in (2, 4):
+    llama = model.shard(model.Llama(dataclasses.replace(wide, num_layers=layers),
+                                    rngs=nnx.Rngs(1)), mesh)
+    graphdef, params = nnx.split(llama)
+    prefill, _ = sampler.programs(graphdef, cfg, mesh, shapes)
+    rows = sampler.prompt_shardings(mesh, shapes.prompt_rows).mask_pt
+    tokens = jax.ShapeDtypeStruct((8, 16), np.int32, sharding=rows)
+    mask = jax.ShapeDtypeStruct((8, 16), np.bool_, sharding=rows)
+    compiled = prefill.lower(params, tokens, mask, jax.ShapeDtypeStruct((), np.int32),
+                             jax.ShapeDtypeStruct((), np.uint32)).compile()
+    temps[layers] = compiled.memory_analysis().temp_size_in_bytes
+  layer_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(llama.layers[0])))
+  assert (temps[4] - temps[2]) / 2 < 0.5 * layer_bytes, (temps, layer_bytes)
+  settings = dict(SETTINGS, max_new_tokens=4)
+  expected = sampling.generate(
+      model.Llama(dataclasses.replace(wide, num_layers=4, remat=False), rngs=nnx.Rngs(1)),
+      PROMPTS, **settings)
+  out = sampling.generate(llama, PROMPTS, **settings)
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
