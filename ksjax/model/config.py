@@ -66,8 +66,9 @@ class LlamaConfig:
   # both, and transformers in bfloat16). It is TPU's default matmul precision.
   matmul_dtype: str | None = None
   value_head: bool = False
-  # Rematerialise each decoder block in the backward pass and run the blocks as a scan over
-  # layers (`Llama.through_layers`): one block's activations and gathered weights live at a time.
+  # Run the decoder blocks as a scan over layers (`Llama.through_layers`), rematerialising each in
+  # the backward pass: one block's activations and gathered weights live at a time. The update,
+  # the reference forward and the sampler's prefill scan; the decode step stays unrolled.
   remat: bool = False
 
   def __post_init__(self):

@@ -315,6 +315,7 @@ class Llama(nnx.Module):
     kv_mask_ps = jnp.concatenate([pmask_pt.astype(bool), jnp.zeros((p, n), bool)], axis=1)
     prompt_mask, completion_mask = slot_mask(kv_mask_ps, 0, t), slot_mask(mask_bs, t, n)
     (cos_p, sin_p), (cos_b, sin_b) = self.cos_sin(positions_pt), self.cos_sin(positions_bn)
+
     def block(layer, carry):
       x_ptd, x_bnd = carry
       k_pkhs, v_pksh = layer_cache(self.cfg, p, t + n)

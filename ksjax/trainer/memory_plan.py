@@ -37,8 +37,8 @@ Depth. With `remat` the update and the reference forward run their decoder block
 (`Llama.through_layers`): one compiled block whatever the depth, so each is compiled whole (its
 bytes are not affine in depth at small depths: for Llama 3.1 8B on 8 devices, extrapolating from
 2 and 4 layers underestimated the compiled 32-layer plan; benchmarks/memory_plan.py prints the
-plans). Unrolled programs (the sampler's prefill and decode, the update and reference forward
-without remat) take minutes to compile for a 70B model on 256 devices; every decoder block is the
+plans). Unrolled programs (the sampler's decode, and its prefill, the update and the reference
+forward without remat) take minutes to compile for a 70B model on 256 devices; every decoder block is the
 same program, so their bytes are affine in the number of layers, and models deeper than
 `EXACT_DEPTH` are compiled at two depths and extrapolated (tested against full compiles). The
 probes are an even number of layers apart because XLA's buffer packing of small models alternates
