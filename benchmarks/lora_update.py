@@ -2,7 +2,7 @@
 
     python benchmarks/lora_update.py [--variants=full,lora,qlora_int4] [--rows=32] \
         [--columns=128] [--prompt_len=0] [--micro_batch=2] [--rank=16] [--targets=all] \
-        [--matmul_dtype=bfloat16] [--repeats=3] [--num_layers=30]
+        [--matmul_dtype=bfloat16] [--repeats=3] [--num_layers=30] [--shares=1] [--group=4]
 
 After the CPU line (`ksjax.machine.describe`), jax's version and the allocator line, each variant
 runs in a child process of its own, so that its peak resident memory is its own (the entry points'
@@ -36,6 +36,12 @@ weights; as the memory plan, `ksjax.trainer.memory_plan`, counts). The resident 
 what the allocator keeps of the set-up too (QLoRA frees its float base there), so the compiled
 bytes are the cleaner comparison. Then the parent prints each variant's ratios to the first one's.
 On a shared machine the times are noisy: compare the ratios, which are of the same run.
+
+--shares=1,2,4 runs each variant once per value (with --prompt_len > 0): the rows come in groups
+of --group that share their prompt, as a rollout's do, and the update runs each prompt once per
+block of that many rows (`Updater.step`'s `group`, `config.share_prompts`; 1: every row its own
+prompt, as before). The same gradient in fewer positions: the share must divide --micro_batch
+and --group.
 """
 
 from __future__ import annotations
@@ -126,11 +132,14 @@ def child(args) -> None:
                                           rng.random(shape) / args.rows, 0).astype(np.float32),
                     behaviour_logp=np.zeros(shape, np.float32),
                     advantage=rng.standard_normal(args.rows).astype(np.float32))
+  # Groups of --group rows share a prompt, as a rollout's do (whatever --share runs).
+  rows.tokens[:, :args.prompt_len] = np.repeat(rows.tokens[::args.group, :args.prompt_len],
+                                               args.group, axis=0)
   batch = updater.place(rows.split(args.micro_batch))
   prompt_len = max(args.prompt_len, 1)
-  memory = updater.step_program(state, batch, prompt_len).lower(state,
-                                                                batch).compile().memory_analysis()
-  state, _ = updater.step(state, batch, prompt_len)  # compiles
+  memory = updater.step_program(state, batch, prompt_len, args.share).lower(
+      state, batch).compile().memory_analysis()
+  state, _ = updater.step(state, batch, prompt_len, group=args.share)  # compiles
   jax.block_until_ready(state.params)
   gc.collect()
   setup_peak = allocator.peak_resident_gib()
@@ -138,17 +147,22 @@ def child(args) -> None:
   best = float("inf")
   for _ in range(args.repeats):
     start = time.perf_counter()
-    state, _ = updater.step(state, batch, prompt_len)
+    state, _ = updater.step(state, batch, prompt_len, group=args.share)
     jax.block_until_ready(state.params)
     best = min(best, time.perf_counter() - start)
   print(json.dumps({
-      "variant": args.variant, "seconds": best, "peak_rss_gib": allocator.peak_resident_gib(),
+      "variant": args.variant, "share": args.share, "seconds": best,
+      "peak_rss_gib": allocator.peak_resident_gib(),
       "setup_peak_rss_gib": setup_peak, "reset": reset,
       "arguments_mib": memory.argument_size_in_bytes / 2**20,
       "temporaries_mib": memory.temp_size_in_bytes / 2**20,
       "trainable_params": sum(x.size for x in jax.tree.leaves(state.params)),
       "trainable_mib": nbytes(state.params) / 2**20, "frozen_mib": frozen_mib,
       "optimizer_mib": nbytes(state.opt_state) / 2**20}), flush=True)
+
+
+def _name(variant: str, share: int, shares: list[int]) -> str:
+  return variant if shares == [1] else f"{variant}/share{share}"
 
 
 def _program_mib(result: dict) -> float:
@@ -170,16 +184,28 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--num_layers", type=int, default=None,
                       help="fewer layers than SmolLM2's 30, for a quick check")
+  parser.add_argument("--shares", default="1",
+                      help="rows per prompt in the update, each a run of every variant")
+  parser.add_argument("--group", type=int, default=4,
+                      help="rows per prompt in the batch (a rollout's samples per prompt)")
   parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # a child's
+  parser.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # a child's
   args = parser.parse_args()
   if args.variant:
     child(args)
     return
   variants = args.variants.split(",")
   unknown = [v for v in variants if v not in VARIANTS]
-  if unknown or args.rows % args.micro_batch:
+  try:
+    shares = [int(v) for v in args.shares.split(",")]
+  except ValueError:
+    shares = []
+  if (unknown or args.rows % args.micro_batch or args.rows % args.group or not shares
+      or any(v < 1 or args.micro_batch % v or args.group % v or (v > 1 and args.prompt_len < 1)
+             for v in shares)):
     parser.error(f"--variants takes {', '.join(VARIANTS)} (got {unknown}); --rows must be a "
-                 "multiple of --micro_batch")
+                 "multiple of --micro_batch and of --group; --shares takes integers dividing "
+                 f"both (got {args.shares!r}), above 1 only with --prompt_len")
 
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -192,13 +218,15 @@ def main() -> None:
         f"operands {args.matmul_dtype}, LoRA rank {args.rank} on {TARGETS[args.targets]}; "
         f"fastest of {args.repeats} steps", flush=True)
   results = []
-  for variant in variants:
-    command = [sys.executable, os.path.abspath(__file__), f"--variant={variant}"] + [
-        a for a in sys.argv[1:] if not a.startswith("--variants")]
+  for variant, share in [(v, s) for v in variants for s in shares]:
+    command = [sys.executable, os.path.abspath(__file__), f"--variant={variant}",
+               f"--share={share}"] + [a for a in sys.argv[1:]
+                                      if not a.startswith(("--variants", "--shares"))]
     out = subprocess.run(command, check=True, capture_output=True, text=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["variant"] = _name(variant, share, shares)
     results.append(result)
-    print(f"  {variant:11s} step {result['seconds']:6.2f} s, peak RSS "
+    print(f"  {result['variant']:11s} step {result['seconds']:6.2f} s, peak RSS "
           f"{result['peak_rss_gib']:5.2f} GiB in the steps"
           + ("" if result["reset"] else " (and the set-up: no /proc/self/clear_refs)")
           + f", {result['setup_peak_rss_gib']:5.2f} GiB in the set-up and compilation; trains "

@@ -214,9 +214,12 @@ def versions() -> str:
 # ksjax
 # ---------------------------------------------------------------------------------------------
 
-def run_ksjax(name: str, steps: int, float32: bool, cache: str) -> Side:
+def run_ksjax(side_name: str, steps: int, float32: bool, cache: str) -> Side:
   """`python -m ksjax.main` on configs/smollm2_<name>.py in a temporary work directory; its
-  per-step metrics. The child's own lines are echoed with a bar in front."""
+  per-step metrics. The child's own lines are echoed with a bar in front. `side_name` is the
+  config's name, and after each "@" a field=value override (`mean@share_prompts=False`: the
+  same config with that field changed, a side of its own for an A/B in one run)."""
+  name, *overrides = side_name.split("@")
   from ksjax.run.directory import RunDirectory  # pylint: disable=g-import-not-at-top
   from ksjax.trainer import metrics  # pylint: disable=g-import-not-at-top
   env = dict(os.environ)
@@ -225,8 +228,8 @@ def run_ksjax(name: str, steps: int, float32: bool, cache: str) -> Side:
   with tempfile.TemporaryDirectory(prefix=f"rl_step_{name}_") as tmp:
     workdir = os.path.join(tmp, "run")
     command = [sys.executable, "-m", "ksjax.main", f"--config={CONFIGS[name]}",
-               *ksjax_flags(workdir, steps, float32)]
-    print(f"[ksjax {name}] {' '.join(command[1:])}", flush=True)
+               *ksjax_flags(workdir, steps, float32), *(f"--config.{o}" for o in overrides)]
+    print(f"[ksjax {side_name}] {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
     with open(os.path.join(tmp, "stderr"), "w+", encoding="utf-8") as stderr:
       child = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr,
@@ -236,13 +239,13 @@ def run_ksjax(name: str, steps: int, float32: bool, cache: str) -> Side:
       if child.wait():
         stderr.seek(0)
         tail = stderr.read()[-4000:]
-        raise SystemExit(f"ksjax {name} exited with status {child.returncode}:\n{tail}")
+        raise SystemExit(f"ksjax {side_name} exited with status {child.returncode}:\n{tail}")
     lines = metrics.read_jsonl(RunDirectory(workdir).metrics_jsonl)
   wall = time.perf_counter() - start
   config = load_config(name)
   rows = config.batch_prompts * (config.n or config.k)
   cpu = [line["time/cpu_seconds"] for line in lines]  # the loop's, cumulative
-  side = Side(f"ksjax {name}", [Step(
+  side = Side(f"ksjax {side_name}", [Step(
       seconds=line["time/step"], cpu_seconds=used - before,
       split={phase: line.get(f"time/{phase}", 0.0) for phase in KSJAX_PHASES},
       tokens=line["completion/length_mean"] * rows, compile_count=line["compile/count"],
@@ -459,7 +462,8 @@ def main() -> None:
   parser.add_argument("--float32", action="store_true",
                       help="both sides in float32 (ksjax matmul_dtype=float32, TRL bf16=False)")
   parser.add_argument("--ksjax", default="mean,pass_at_k",
-                      help=f"the ksjax configs to run, of {', '.join(CONFIGS)} (empty: none)")
+                      help=f"the ksjax configs to run, of {', '.join(CONFIGS)} (empty: none), "
+                           "each with any @field=value overrides (mean@share_prompts=False)")
   parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
                       help="run TRL's side (--no-trl: ksjax only)")
   parser.add_argument("--compilation_cache", default="off",
@@ -473,7 +477,7 @@ def main() -> None:
   parser.add_argument("--goal", type=float, default=3.0, help="TRL/ksjax per step to meet")
   args = parser.parse_args()
   names = [n for n in args.ksjax.split(",") if n]
-  unknown = sorted(set(names) - set(CONFIGS))
+  unknown = sorted({n.split("@")[0] for n in names} - set(CONFIGS))
   if unknown:
     parser.error(f"--ksjax={args.ksjax!r}: {', '.join(unknown)} unknown; expected names among "
                  f"{', '.join(CONFIGS)}")

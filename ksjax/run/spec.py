@@ -481,6 +481,10 @@ class LossSpec(cf.Spec):
   sparse_min_rows: int = field(8, "the smallest micro-batch of kept rows: fewer kept rows than "
                                "a micro-batch are padded to a power of two of at least this many",
                                lo=1)
+  # The same gradient within float32 rounding in fewer positions: the arithmetic prompts are longer
+  # than their completions (`ksjax.trainer.sparse.shared` says when it applies).
+  share_prompts: bool = field(True, "the update runs a group's prompt once for its rows where "
+                              "that computes fewer positions than a prompt per row")
   # A forward pass of the start policy over every completion; the first and last steps always log
   # it, and a KL penalty needs it every step.
   kl_every: int = field(1, "steps between the logged KL to the reference; 1: every step", lo=1)
@@ -528,6 +532,13 @@ class LossSpec(cf.Spec):
   @property
   def clipped(self) -> bool:
     return self.algorithm in CLIPPED
+
+  @property
+  def shares_prompts(self) -> bool:
+    """Whether the update may run a group's prompt once for its rows (`share_prompts`): not
+    over shuffled mini-batches, which break the rollout's groups, nor for ppo, whose value loss
+    reads each row's prompt."""
+    return self.share_prompts and not self._several_steps and self.algorithm != "ppo"
 
   @property
   def group_is(self) -> bool:
@@ -723,6 +734,11 @@ class LoraSpec(cf.Spec, path="lora"):
   @property
   def enabled(self) -> bool:
     return bool(self.rank)
+
+  @property
+  def drops_out(self) -> bool:
+    """Whether the update draws dropout masks on the adapters' inputs."""
+    return self.enabled and self.dropout > 0
 
   @property
   def scale(self) -> float:

@@ -36,13 +36,30 @@ from ksjax.trainer.update import TrainState, Updater
 
 
 def forward_rows(updater: Updater, params, rollout: Rollout, rows: np.ndarray, micro: int, *,
-                 values: bool = False) -> dict[str, np.ndarray]:
-  """Learner log-probs (and V(x)) of the given rows, forward only, as host arrays [len(rows), T].
+                 values: bool = False, share: bool = False) -> dict[str, np.ndarray]:
+  """Learner log-probs (and V(x)) of the given rows (ascending), forward only, as host arrays
+  [len(rows), T].
 
-  The rows are laid out as the update lays them out (`sparse.layout`, micro-batches of `micro`
-  rows in a batch of the rollout's size), so that one program serves every number of rows."""
-  selection = sparse.layout(rows, len(rollout.tokens_rt), updater.batch_shards, micro, micro)
-  return _forward(updater, params, rollout, selection, len(rows), values=values)
+  The rows are laid out as the update lays them out (`row_layout`: micro-batches of `micro` rows
+  in a batch of the rollout's size, with `share` each group's prompt run once where that is
+  cheaper), so that one program serves every number of rows."""
+  selection = row_layout(rollout, rows, updater.batch_shards, micro, micro,
+                         share=share and not values)
+  return _forward(updater, params, rollout, selection, group=selection.share, values=values)
+
+
+def row_layout(rollout: Rollout, rows: np.ndarray, shards: int, min_rows: int,
+               micro: int | None, share: bool) -> sparse.Selection:
+  """The layout of `rows` (ascending indices into the rollout, prompt-major in groups of
+  `rollout.num_samples`) that an update or a forward runs: with `share`, `sparse.shared`'s where
+  it computes fewer positions, else `sparse.layout`'s, a prompt per row."""
+  total = len(rollout.tokens_rt)
+  selection = None
+  if share:
+    selection = sparse.shared(rows, total, rollout.num_samples, shards, min_rows, micro,
+                              rollout.prompt_len,
+                              rollout.tokens_rt.shape[1] - rollout.prompt_len)
+  return selection or sparse.layout(rows, total, shards, min_rows, micro)
 
 
 def reference_rows(updater: Updater, params, rollout: Rollout, micro: int) -> np.ndarray:
@@ -55,7 +72,7 @@ def reference_rows(updater: Updater, params, rollout: Rollout, micro: int) -> np
   whole groups, the rows run one by one as `forward_rows` runs them."""
   total = len(rollout.tokens_rt)
   selection, group = reference_layout(total, rollout.num_samples, updater.batch_shards, micro)
-  return _forward(updater, params, rollout, selection, total, group=group)["logp"]
+  return _forward(updater, params, rollout, selection, group=group)["logp"]
 
 
 def reference_layout(total: int, n: int, shards: int, micro: int) -> tuple[sparse.Selection, int]:
@@ -68,8 +85,9 @@ def reference_layout(total: int, n: int, shards: int, micro: int) -> tuple[spars
   return selection, n
 
 
-def _forward(updater: Updater, params, rollout: Rollout, selection: sparse.Selection, rows: int,
+def _forward(updater: Updater, params, rollout: Rollout, selection: sparse.Selection,
              **options) -> dict[str, np.ndarray]:
+  """The forward's outputs of the selection's rows that carry a weight, in their order."""
   split = lambda v: v.reshape(len(selection.rows) // selection.micro, selection.micro,
                               *v.shape[1:])
   tokens_mmt, mask_mmt = (updater.place_rows(split(v[selection.rows])) for v in (
@@ -77,7 +95,8 @@ def _forward(updater: Updater, params, rollout: Rollout, selection: sparse.Selec
   out = updater.forward(params, tokens_mmt, mask_mmt, prompt_len=rollout.prompt_len,
                         count=selection.count, **options)
   out = distributed.to_host(out)
-  return {k: np.asarray(v).reshape(len(selection.rows), *v.shape[2:])[:rows]
+  real = np.flatnonzero(~selection.padding)
+  return {k: np.asarray(v).reshape(len(selection.rows), *v.shape[2:])[real]
           for k, v in out.items()}
 
 
@@ -98,6 +117,9 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
   num_rows = len(advantage_r)
   use_sparse = cfg.use_sparse
   clipped = cfg.clipped
+  # Under LoRA's dropout a shared prompt would share its masks between the rows: not the same
+  # gradient's distribution, so each row runs its own.
+  share = cfg.shares_prompts and not updater.dropout
   # Rows an update can use: every row, or in the sparse path those with a non-zero advantage.
   needed = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
   if cfg.group_is:  # a group's weight reads every row of it
@@ -105,7 +127,7 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
   old = {}
   if (clipped or cfg.group_is) and len(needed):
     old = forward_rows(updater, state.params, rollout, needed, cfg.micro_batch_size,
-                       values=cfg.algorithm == "ppo")
+                       values=cfg.algorithm == "ppo", share=share)
   old_logp_rt = np.zeros(rollout.tokens_rt.shape, np.float32)
   old_value_r = np.zeros(num_rows, np.float32)
   if "logp" in old:
@@ -124,6 +146,7 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
   totals: dict[str, float] = {}
   kept_rows = 0
   optimizer_steps = 0
+  shared_steps = 0  # optimizer steps that ran each prompt once for a block of its rows
   for _ in range(cfg.ppo_epochs):
     order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
     for minibatch in np.split(order, cfg.num_minibatches):
@@ -131,7 +154,12 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
       token_weight_rt = np.asarray(losses.token_weights(completion_rt, cfg.loss_aggregation,
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
-      if use_sparse:
+      if share:  # the mini-batch is the rollout in order (no shuffle): its groups are whole
+        kept = (np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows))
+        selection = row_layout(rollout, kept, shards,
+                               cfg.sparse_min_rows if use_sparse else num_rows,
+                               cfg.micro_batch_size, share=True)
+      elif use_sparse:
         selection = sparse.select_rows(advantage_r[minibatch], shards, cfg.sparse_min_rows,
                                        cfg.micro_batch_size)
       else:
@@ -158,11 +186,14 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
           ref_logp=ref_logp_rt[rows] if cfg.kl_coef > 0 else None,
           is_weight=is_weight_r[rows] if is_weight_r is not None else None)
       batch = updater.place(batch.split(selection.micro))
-      state, metrics = updater.step(state, batch, rollout.prompt_len, selection.count)
+      state, metrics = updater.step(state, batch, rollout.prompt_len, selection.count,
+                                    selection.share)
+      shared_steps += selection.share > 1
       totals = _add_totals(totals, metrics)
       optimizer_steps += 1
-  return state, summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,
-                          use_sparse)
+  return state, {**summarize(totals, optimizer_steps, kept_rows, num_rows * cfg.ppo_epochs,
+                             use_sparse),
+                  "update/shared_prompts": shared_steps / max(optimizer_steps, 1)}
 
 
 def _add_totals(totals: dict[str, float], metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -228,7 +228,8 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
                                              spec.loss.micro_batch_size)
       timer.lap("time/reference")
       # No group with signal (dynamic sampling at its cap): no optimizer step at all.
-      update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0}
+      update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0,
+                        "update/shared_prompts": 0.0}
       allocator.release_free_memory()  # sampling's and the reference's, before the update's
       if len(drawn.kept):
         state, update_metrics = learner.learn(updater, state, batch, drawn.update_advantage_r,

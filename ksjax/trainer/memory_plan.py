@@ -77,6 +77,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -276,20 +277,34 @@ def plan_shapes(spec: TrainSpec, mesh: jax.sharding.Mesh, prompt_len: int) -> Sh
       eval_samples=h.num_samples, eval_max_new_tokens=h.max_new_tokens)
 
 
+def dense_share(spec: TrainSpec, mesh: jax.sharding.Mesh, shapes: Shapes) -> int:
+  """The rows per prompt of a dense mini-batch's update (`learner.row_layout` of every row: the
+  `group` of `Updater.step`), 1 where each row runs its own prompt."""
+  rows = spec.minibatch_rows
+  if not spec.loss.shares_prompts or spec.lora.drops_out:  # as `learner.learn` decides
+    return 1
+  selection = sparse.shared(np.arange(rows), rows, spec.sampling.n, sharding.batch_shards(mesh),
+                            rows, spec.loss.micro_batch_size, shapes.prompt_len,
+                            shapes.max_new_tokens)
+  return selection.share if selection else 1
+
+
 def compile_update(spec: TrainSpec, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
-                   shapes: Shapes, measure: bool = False, micro: int | None = None
-                   ) -> ProgramMemory:
+                   shapes: Shapes, measure: bool = False, micro: int | None = None,
+                   group: int | None = None) -> ProgramMemory:
   """Memory of the trainer's optimizer step for one mini-batch, compiled without allocating;
   with `measure`, also what the compiled program holds in this process (`held_since`). `micro`:
-  micro-batches of that many rows (a sparse update's smaller one), not the dense layout's."""
+  micro-batches of that many rows (a sparse update's smaller one), not the dense layout's;
+  `group`: rows per prompt (`Updater.step`), default the dense layout's (`dense_share`)."""
   policy_shapes = abstract_policy(spec, cfg, mesh)
   updater = policy_shapes.updater(spec, mesh)
   state = updater.abstract_state(policy_shapes.trainable)
   micro = shapes.micro_batch if micro is None else micro
+  group = dense_share(spec, mesh, shapes) if group is None else group
   rows = -(-spec.minibatch_rows // micro) * micro  # as `sparse.layout` pads a mini-batch
   batch = batch_lib.abstract(spec.loss, mesh, rows=rows, micro=micro,
                              seq_len=shapes.prompt_len + shapes.max_new_tokens)
-  step = updater.step_program(state, batch, shapes.prompt_len)
+  step = updater.step_program(state, batch, shapes.prompt_len, group)
   return _compiled(lambda: step.lower(state, batch), measure)
 
 
@@ -695,7 +710,11 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   smaller = [m for m in sparse.micro_sizes(spec.minibatch_rows, sharding.batch_shards(mesh),
                                            spec.loss.sparse_min_rows, spec.loss.micro_batch_size)
              if m != shapes.micro_batch] if measure and spec.loss.use_sparse else []
-  sparse_updates = tuple(compile_update(spec, cfg, mesh, shapes, measure=True, micro=m)
+  # Where the dense layout shares prompts, sparse steps whose kept rows share too few may run the
+  # dense micro-batch a prompt per row: a program of its own.
+  if measure and spec.loss.use_sparse and dense_share(spec, mesh, shapes) > 1:
+    smaller.append(shapes.micro_batch)
+  sparse_updates = tuple(compile_update(spec, cfg, mesh, shapes, measure=True, micro=m, group=1)
                          for m in smaller)
 
   @functools.cache  # evaluation often samples the training shapes: compile those once

@@ -19,6 +19,7 @@ and contribute 0.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -45,20 +46,25 @@ class Selection:
   """Which rows of a mini-batch an update runs, laid out in micro-batches.
 
   Attributes:
-    rows: int64 [S] indices into the mini-batch; the first `kept` are real, the rest repeat row 0
-      and are marked as padding. S is the mini-batch's rows rounded up to whole micro-batches, so
-      that every selection of a mini-batch with the same `micro` has one shape.
-    kept: the number of real rows.
-    padding: bool [S], True on padding rows (their token weights must be zeroed).
+    rows: int64 [S] indices into the mini-batch; the real ones first, then copies of row 0 marked
+      as padding. S is the mini-batch's rows rounded up to whole micro-batches, so that every
+      selection of a mini-batch with the same `micro` has one shape.
+    kept: the number of rows kept (those with a weight).
+    padding: bool [S], True on rows that carry no weight (their token weights must be zeroed):
+      the padding, and under `share` > 1 a kept group's rows that were not kept.
     micro: rows per micro-batch.
-    count: the micro-batches holding a real row, ceil(kept / micro): the update runs these and
-      no others (`Updater.step`'s `count`).
+    count: the micro-batches holding a real row: the update runs these and no others
+      (`Updater.step`'s `count`).
+    share: rows per prompt in the update: 1, each row runs its own prompt; s > 1 (`shared`),
+      the rows come in blocks of s that continue one prompt, which the update runs once per
+      block (`Updater.step`'s `group`).
   """
   rows: np.ndarray
   kept: int
   padding: np.ndarray
   micro: int
   count: int
+  share: int = 1
 
 
 def select_rows(advantage_r: np.ndarray, multiple: int = 1, min_rows: int = MIN_ROWS,
@@ -108,3 +114,39 @@ def layout(kept_rows: np.ndarray, total: int, multiple: int = 1, min_rows: int =
   rows = np.concatenate([np.asarray(kept_rows, np.int64), np.zeros(slots - kept, np.int64)])
   padding = np.arange(slots) >= kept
   return Selection(rows, kept, padding, micro, -(-kept // micro))
+
+
+def shared(kept_rows: np.ndarray, total: int, n: int, multiple: int, min_rows: int,
+           micro_batch: int | None, prompt_len: int, completion_len: int) -> Selection | None:
+  """`kept_rows` of a mini-batch of `total` rows, whole groups of `n` rows sharing a prompt
+  (a rollout's prompt-major layout, unshuffled), laid out so that the update runs each prompt
+  once per block of rows: the Selection, or None where that would not compute fewer positions
+  than `layout`'s a prompt per row.
+
+  Every row of a group that has a kept row is laid out (the others marked as padding: they carry
+  no weight), as `layout` lays out kept rows, in micro-batches of the same size rules; the rows
+  of a micro-batch on one device (`micro / multiple`, contiguous) come in blocks of
+  s = gcd(micro / multiple, n) rows of one group, so no block straddles a device, and the memory
+  of a micro-batch is never more positions than `layout`'s: (micro / s) prompts and micro
+  completions against micro whole rows.
+
+  Why: the update's forward and backward otherwise run a group's prompt once per row, and on
+  the arithmetic prompts (longer than their completions) that is most of the positions a dense
+  objective (mean, GRPO) computes. A sparse pass@k with n = k keeps at most one row per group,
+  where sharing has nothing to save: the cost rule then keeps `layout`'s.
+  """
+  kept_rows = np.asarray(kept_rows, np.int64)
+  if n < 2 or total % n or prompt_len < 1 or not len(kept_rows):
+    return None
+  groups = np.unique(kept_rows // n)
+  rows = (groups[:, None] * n + np.arange(n)).ravel()
+  grouped = layout(rows, total, multiple, min_rows, micro_batch)
+  share = math.gcd(grouped.micro // multiple, n)
+  if share < 2:
+    return None
+  alone = layout(kept_rows, total, multiple, min_rows, micro_batch)
+  cost = lambda sel, s: sel.count * sel.micro * (prompt_len / s + completion_len)
+  if cost(grouped, share) >= cost(alone, 1):
+    return None
+  padding = grouped.padding | ~np.isin(grouped.rows, kept_rows)
+  return dataclasses.replace(grouped, kept=len(kept_rows), padding=padding, share=share)

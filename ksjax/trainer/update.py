@@ -62,14 +62,30 @@ def prompt_values(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.Array,
   return llama.value(hidden_rpd[:, -1:])[:, 0]
 
 
+def completion_logprobs(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.Array,
+                        temperature: float, prompt_len: int, group: int = 1) -> jax.Array:
+  """Per-token log-probs [R, T] of the rows' completions (0 in the first `prompt_len` columns):
+  `group` > 1, the rows come in blocks of `group` continuing one prompt (`sparse.shared`), each
+  prompt run once (`logprobs.continuation_logprobs`); else each row whole."""
+  if group > 1:
+    logp_rn = logprobs.continuation_logprobs(llama, tokens_rt, mask_rt, prompt_len, group,
+                                             temperature)
+    return jnp.concatenate([jnp.zeros((logp_rn.shape[0], prompt_len), jnp.float32), logp_rn],
+                           axis=1)
+  return model.token_logprobs(llama, tokens_rt, mask_rt, temperature, start=prompt_len)[0]
+
+
 def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperature: float,
-                     prompt_len: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     prompt_len: int, group: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The weighted-sum loss of one micro-batch ([m, T] and [m] fields, see `MicroBatch`) and
   metric sums (added up over micro-batches). For ppo `advantage` holds the return R_i; the
   advantage is R_i - V_old(x). Log-probs are taken at the sampling `temperature`, so that they
-  describe the distribution the completions were drawn from."""
-  logp_rt, _ = model.token_logprobs(llama, mb.tokens, mb.attention_mask, temperature,
-                                    start=prompt_len)
+  describe the distribution the completions were drawn from. `group`: as `completion_logprobs`
+  (ppo's values read each row's prompt: 1 only)."""
+  if group > 1 and cfg.algorithm == "ppo":
+    raise ValueError("ppo's value loss reads each row's prompt; expected group=1")
+  logp_rt = completion_logprobs(llama, mb.tokens, mb.attention_mask, temperature, prompt_len,
+                                group)
   weight_rt = mb.token_weight
   on_rt = (weight_rt > 0).astype(jnp.float32)
   metrics = {"tokens": on_rt.sum()}
@@ -229,23 +245,27 @@ class Updater:
   # -- programs --------------------------------------------------------------------------------
 
   def step(self, state: TrainState, batch: MicroBatch, prompt_len: int,
-           count: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+           count: int | None = None, group: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on the first `count` micro-batches of a placed [M, m, ...] batch (None:
     all M; the rest are never read); returns the new state (the old one is donated) and metric
-    sums: the micro-batch sums plus grad_norm and finite (0/1)."""
+    sums: the micro-batch sums plus grad_norm and finite (0/1). `group` > 1: each micro-batch's
+    rows come in blocks of `group` continuing one prompt, run once (`sparse.shared`)."""
     num_micro = jax.tree.leaves(batch)[0].shape[0]
     count = num_micro if count is None else count
     if not 1 <= count <= num_micro:
       raise ValueError(f"count={count} micro-batches of a batch of {num_micro}")
-    return self.step_program(state, batch, prompt_len)(state, batch, count)
+    return self.step_program(state, batch, prompt_len, group)(state, batch, count)
 
-  def step_program(self, state: TrainState, batch: MicroBatch, prompt_len: int):
-    """The jitted update for this batch shape, called as (state, batch, count) (built once per
-    shape, whatever the count; `.lower(state, batch)` it to inspect the compiled program, e.g.
-    its FLOP count)."""
-    key = (prompt_len, batch.shape_key())
+  def step_program(self, state: TrainState, batch: MicroBatch, prompt_len: int, group: int = 1):
+    """The jitted update for this batch shape and `group`, called as (state, batch, count)
+    (built once per shape, whatever the count; `.lower(state, batch)` it to inspect the
+    compiled program, e.g. its FLOP count)."""
+    micro = jax.tree.leaves(batch)[0].shape[1]
+    if micro % group:
+      raise ValueError(f"micro-batches of {micro} rows do not hold whole blocks of {group}")
+    key = (prompt_len, group, batch.shape_key())
     if key not in self._steps:
-      self._steps[key] = self._build_step(state, batch, prompt_len)
+      self._steps[key] = self._build_step(state, batch, prompt_len, group)
     return self._steps[key]
 
   def zero_step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -276,7 +296,7 @@ class Updater:
                                 out_shardings=(shardings, self._replicated), donate_argnums=(0,))
     return self._zero_step(state)
 
-  def _micro_loss(self, params, mb: MicroBatch, frozen, prompt_len: int,
+  def _micro_loss(self, params, mb: MicroBatch, frozen, prompt_len: int, group: int = 1,
                   dropout_key: jax.Array | None = None):
     """`loss_and_metrics` of one micro-batch, with the mesh's activation shardings (and LoRA's
     dropout drawn from `dropout_key` when there is one)."""
@@ -286,7 +306,7 @@ class Updater:
     if dropout_key is not None:
       llama = lora.with_dropout_key(llama, dropout_key)
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
-      return loss_and_metrics(llama, mb, self.loss, self.temperature, prompt_len)
+      return loss_and_metrics(llama, mb, self.loss, self.temperature, prompt_len, group)
 
   def _dropout_key(self, state: TrainState, micro: jax.Array | int) -> jax.Array | None:
     """The key of LoRA's dropout masks in micro-batch `micro` of this optimizer step: the run's
@@ -297,8 +317,8 @@ class Updater:
       return None
     return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), micro)
 
-  def _build_step(self, state: TrainState, batch, prompt_len: int):
-    micro_loss = functools.partial(self._micro_loss, prompt_len=prompt_len)
+  def _build_step(self, state: TrainState, batch, prompt_len: int, group: int):
+    micro_loss = functools.partial(self._micro_loss, prompt_len=prompt_len, group=group)
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def update(state: TrainState, batch, count, frozen):
@@ -367,13 +387,8 @@ class Updater:
         def one(tokens_rt, mask_rt):
           llama = lora.join(graphdef, params, frozen)
           with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):  # activation shardings
-            if group > 1:
-              logp_rn = logprobs.continuation_logprobs(llama, tokens_rt, mask_rt, prompt_len,
-                                                       group, temperature)
-              pad = jnp.zeros((logp_rn.shape[0], prompt_len), jnp.float32)
-              return {"logp": jnp.concatenate([pad, logp_rn], axis=1)}
-            out = {"logp": model.token_logprobs(llama, tokens_rt, mask_rt, temperature,
-                                                start=prompt_len)[0]}
+            out = {"logp": completion_logprobs(llama, tokens_rt, mask_rt, temperature,
+                                               prompt_len, group)}
             if values:
               out["value"] = prompt_values(llama, tokens_rt, mask_rt, prompt_len)
           return out
@@ -416,4 +431,4 @@ def build_updater(spec: TrainSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Me
   benchmarks use."""
   return Updater(graphdef, spec.optimizer.build(), spec.loss, mesh,
                  temperature=spec.sampling.temperature, frozen=frozen,
-                 dropout=spec.lora.enabled and spec.lora.dropout > 0)
+                 dropout=spec.lora.drops_out)

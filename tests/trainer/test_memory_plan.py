@@ -213,8 +213,10 @@ def test_the_reference_forward_is_planned_on_the_trainers_layout_and_is_a_phase(
 def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compile(monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
   # pass@2 leave-one-out with sparse updates from 1 row, in micro-batches of 2 of the 8 rows on
-  # one device: updates of 1 and 2 rows a micro-batch. (Without measuring, an accelerator's plan,
-  # the smaller one is not compiled: it needs less than the dense update.)
+  # one device: updates of 1 and 2 rows a micro-batch, the dense one running each group's prompt
+  # once (`sparse.shared`), and a 2-row update a prompt per row for steps that keep one row of a
+  # group. (Without measuring, an accelerator's plan, these are not compiled: they need less than
+  # the dense update.)
   config = small_config(mesh=(1, 1, 1), aggregator="pass_at_k", sparse_min_rows=1,
                         micro_batch_size=2)
   spec = spec_of(config)
@@ -229,9 +231,11 @@ def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compi
   if planning.allocator.allocated_bytes() is None:  # not glibc's malloc: nothing compiled
     assert counted.sparse_updates == ()
     return
-  [smaller] = counted.sparse_updates
+  assert planning.dense_share(spec, planning.model.make_mesh((1, 1, 1)), counted.shapes) == 2
+  smaller, alone = counted.sparse_updates
   assert smaller.held > 0 and smaller.temps < counted.update.temps
-  assert counted.programs >= smaller.held + counted.update.held
+  assert alone.held > 0 and alone.temps > counted.update.temps  # each row's prompt: more
+  assert counted.programs >= smaller.held + alone.held + counted.update.held
 
 
 def test_held_since_counts_what_a_live_object_holds_and_nothing_freed():

@@ -326,6 +326,70 @@ def test_sparse_selection_keeps_the_nonzero_rows_in_few_shapes():
   assert spec_lib.LossSpec(algorithm="grpo").use_sparse
 
 
+def test_shared_prompts_lay_out_blocks_of_one_group_where_that_is_cheaper():
+  """sparse.shared: each kept group's rows whole, blocks of gcd(micro / shards, n) rows of one
+  group per device, the rows without a weight marked, and the cost rule choosing it only where
+  it computes fewer positions than a prompt per row."""
+  n, total = 4, 32
+  dense = sparse.shared(np.arange(total), total, n, 1, total, 4, prompt_len=128,
+                        completion_len=80)
+  assert (dense.share, dense.micro, dense.count, dense.kept) == (4, 4, 8, 32)
+  assert dense.rows.tolist() == list(range(32)) and not dense.padding.any()
+  # Micro-batches of 2 rows: blocks of 2 of a group's 4 rows, the prompt run twice a group.
+  half = sparse.shared(np.arange(total), total, n, 1, total, 2, 128, 80)
+  assert (half.share, half.micro, half.count) == (2, 2, 16)
+  # Three groups keep rows (one of them 1 row of 4): every row of each, the others weightless.
+  kept = np.array([4, 5, 6, 7, 9, 20, 21, 22])
+  some = sparse.shared(kept, total, n, 1, 1, 4, 128, 80)
+  assert some.share == 4 and some.kept == 8 and some.count == 3
+  assert some.rows[:12].tolist() == [4, 5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23]
+  assert some.padding[:12].tolist() == [False] * 4 + [True, False, True, True] + [False] * 3 + [
+      True]
+  assert some.padding[12:].all() and (some.rows[12:] == 0).all()
+  for micro in range(0, len(some.rows), some.micro):  # every block continues one prompt
+    groups = some.rows[micro:micro + some.micro].reshape(-1, some.share) // n
+    assert (groups == groups[:, :1]).all()
+  # pass@k at n = k keeps one row per group: a prompt per row costs less.
+  assert sparse.shared(np.array([1, 6, 15]), total, n, 1, 1, 4, 128, 80) is None
+  # A 4-row micro-batch over 2 devices: 2 rows each, blocks of 2 that no device splits.
+  sharded = sparse.shared(np.arange(total), total, n, 2, total, 4, 128, 80)
+  assert (sharded.share, sharded.micro) == (2, 4)
+  # Odd micro-batches share nothing; neither do short prompts against long completions.
+  assert sparse.shared(np.arange(30), 30, 3, 1, 30, 4, 128, 80) is None
+  assert sparse.shared(np.arange(total), total, n, 1, total, 2, 4, 400) is not None
+  assert sparse.shared(np.arange(total), total, n, 1, total, 1, 128, 80) is None
+  assert not spec_lib.LossSpec(num_minibatches=2, is_cap=2.0).shares_prompts
+  assert not spec_lib.LossSpec(algorithm="ppo").shares_prompts
+  assert not spec_lib.LossSpec(share_prompts=False).shares_prompts
+  assert spec_lib.LossSpec(algorithm="dr_grpo").shares_prompts
+
+
+@pytest.mark.parametrize("overrides", [
+    {"aggregator": "mean", "sparse_updates": False},  # dense: every group's prompt once
+    {"aggregator": "mean"},  # sparse: the groups with a signal, whole
+    {"aggregator": "mean", "algorithm": "dr_grpo", "micro_batch_size": 4},  # pi_old shared too
+    {"baseline": "loo_demeaned", "kl_coef": 0.1, "micro_batch_size": 4},
+])
+def test_an_update_sharing_prompts_equals_a_prompt_per_row(overrides, monkeypatch):
+  """config.share_prompts: the same optimizer step (parameters, loss, gradient norm, token and
+  row counts) as running each row's prompt, and the update takes the shared programs."""
+  answers = np.ones((4, 8), int)
+  answers[0, 5] = answers[2, :3] = 0
+  answers[1] = 0  # all correct: no signal for the mean either
+  calls = []
+  step = update.Updater.step
+  monkeypatch.setattr(update.Updater, "step", lambda self, *a, **k: (
+      calls.append(a[-1] if len(a) > 3 else 1), step(self, *a, **k))[1])
+  alone = learn_once(_pass_at_k_config(share_prompts=False, **overrides), answer_ids=answers)
+  assert calls == [1] and alone[2]["update/shared_prompts"] == 0
+  shared = learn_once(_pass_at_k_config(**overrides), answer_ids=answers)
+  assert calls[1] > 1 and shared[2]["update/shared_prompts"] == 1
+  assert max_abs_diff(alone[1].params, shared[1].params) < PARAMS_ATOL
+  assert max_abs_diff(alone[0], alone[1].params) > 10 * PARAMS_ATOL
+  for name in ("loss/total", "optim/grad_norm", "update/rows_fraction", "is/weight_mean"):
+    np.testing.assert_allclose(shared[2][name], alone[2][name], rtol=2e-5, atol=1e-7)
+
+
 def test_micro_batches_accumulate_to_the_full_batch_gradient():
   whole = learn_once(_pass_at_k_config(baseline="loo_demeaned"))
   micro = learn_once(_pass_at_k_config(baseline="loo_demeaned", micro_batch_size=8))
