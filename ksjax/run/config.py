@@ -138,6 +138,9 @@ def smollm2_config() -> ml_collections.ConfigDict:
   # laptop's memory, so rows go through the gradient a few at a time (the sum is the same; see
   # ksjax/trainer/learner.py). The update's activations set the run's peak: 2 rows at a time hold
   # half of 4's for a few percent of the update's time (docs/benchmarks.md, "A run's peak memory").
+  # Where a micro-batch's 2 rows are of one group they run its prompt once (config.share_prompts);
+  # 4 rows would share it 4 ways, but pass@4's kept rows lie in different groups, and 4 of those
+  # hold twice the activations.
   c.micro_batch_size = 2
   # Float32 weights, activations and optimizer; the weight matmuls take bfloat16 operands with
   # float32 accumulation (LlamaConfig.matmul_dtype). Chosen for speed, not from any result: on a
