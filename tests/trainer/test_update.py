@@ -366,8 +366,8 @@ def test_shared_prompts_lay_out_blocks_of_one_group_where_that_is_cheaper():
 
 @pytest.mark.parametrize("overrides", [
     {"aggregator": "mean", "sparse_updates": False},  # dense: every group's prompt once
-    {"aggregator": "mean"},  # sparse: the groups with a signal, whole
-    {"aggregator": "mean", "algorithm": "dr_grpo", "micro_batch_size": 4},  # pi_old shared too
+    # sparse: the groups with a signal (0 and 2), whole; and pi_old's forward shared too
+    {"aggregator": "mean", "algorithm": "dr_grpo", "micro_batch_size": 4},
     {"baseline": "loo_demeaned", "kl_coef": 0.1, "micro_batch_size": 4},
 ])
 def test_an_update_sharing_prompts_equals_a_prompt_per_row(overrides, monkeypatch):
