@@ -117,13 +117,11 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
   num_rows = len(advantage_r)
   use_sparse = cfg.use_sparse
   clipped = cfg.clipped
-  # Under LoRA's dropout a shared prompt would share its masks between the rows: not the same
-  # gradient's distribution, so each row runs its own.
-  share = cfg.shares_prompts and not updater.dropout
+  share = updater.shares_prompts
   # Rows an update can use: every row, or in the sparse path those with a non-zero advantage.
-  needed = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
-  if cfg.group_is:  # a group's weight reads every row of it
-    needed = np.arange(num_rows)
+  usable = np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows)
+  # The rows pi_old's forward reads: those, or every row where a group's weight reads all of it.
+  needed = np.arange(num_rows) if cfg.group_is else usable
   old = {}
   if (clipped or cfg.group_is) and len(needed):
     old = forward_rows(updater, state.params, rollout, needed, cfg.micro_batch_size,
@@ -155,8 +153,7 @@ def learn(updater: Updater, state: TrainState, rollout: Rollout, advantage_r: np
                                                         constant=cfg.loss_constant))
       value_weight_r = np.asarray(losses.sequence_weights(completion_rt))
       if share:  # the mini-batch is the rollout in order (no shuffle): its groups are whole
-        kept = (np.flatnonzero(advantage_r != 0) if use_sparse else np.arange(num_rows))
-        selection = row_layout(rollout, kept, shards,
+        selection = row_layout(rollout, usable, shards,
                                cfg.sparse_min_rows if use_sparse else num_rows,
                                cfg.micro_batch_size, share=True)
       elif use_sparse:

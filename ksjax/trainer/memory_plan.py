@@ -281,7 +281,7 @@ def dense_share(spec: TrainSpec, mesh: jax.sharding.Mesh, shapes: Shapes) -> int
   """The rows per prompt of a dense mini-batch's update (`learner.row_layout` of every row: the
   `group` of `Updater.step`), 1 where each row runs its own prompt."""
   rows = spec.minibatch_rows
-  if not spec.loss.shares_prompts or spec.lora.drops_out:  # as `learner.learn` decides
+  if not update_lib.shares_prompts(spec.loss, spec.lora.drops_out):
     return 1
   selection = sparse.shared(np.arange(rows), rows, spec.sampling.n, sharding.batch_shards(mesh),
                             rows, spec.loss.micro_batch_size, shapes.prompt_len,

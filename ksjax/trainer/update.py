@@ -75,6 +75,14 @@ def completion_logprobs(llama: model.Llama, tokens_rt: jax.Array, mask_rt: jax.A
   return model.token_logprobs(llama, tokens_rt, mask_rt, temperature, start=prompt_len)[0]
 
 
+def shares_prompts(loss: LossSpec, dropout: bool) -> bool:
+  """Whether an update may run a group's prompt once for its rows (`LossSpec.shares_prompts`):
+  not under LoRA's dropout (`dropout`), where a shared prompt would share its masks between the
+  rows, not the same gradient's distribution. The learner (`Updater.shares_prompts`) and the
+  memory plan decide by this one rule."""
+  return loss.shares_prompts and not dropout
+
+
 def loss_and_metrics(llama: model.Llama, mb: MicroBatch, cfg: LossSpec, temperature: float,
                      prompt_len: int, group: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The weighted-sum loss of one micro-batch ([m, T] and [m] fields, see `MicroBatch`) and
@@ -191,6 +199,11 @@ class Updater:
     self._steps: dict[Any, Callable] = {}
     self._forwards: dict[Any, Callable] = {}
     self._zero_step: Callable | None = None
+
+  @property
+  def shares_prompts(self) -> bool:
+    """Whether this update may run a group's prompt once for its rows (`shares_prompts`)."""
+    return shares_prompts(self.loss, self.dropout)
 
   def policy(self, params: nnx.State):
     """The model these parameters (a TrainState's) make: with the frozen base under LoRA."""
