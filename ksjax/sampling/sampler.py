@@ -361,6 +361,13 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
   return jax.jit(decode, out_shardings=out_shardings, donate_argnums=2)
 
 
+def forget_programs() -> None:
+  """Drops the jitted programs `programs` and `decode_program` keep, so that the next call
+  traces and compiles anew (the memory plan's test measures what a fresh compile holds)."""
+  programs.cache_clear()
+  decode_program.cache_clear()
+
+
 @functools.lru_cache(maxsize=64)
 def compact_program(mesh: Mesh):
   """compact(prompt, state, keep) -> the prompt cache and state of rows `keep` (int32 [B'], in
