@@ -1,0 +1,257 @@
+"""Carries the decisive study's unfinished runs from one machine to the next (#31).
+
+    python experiments/decisive_study_carry.py save    --study=CLONE --runs_dir=DIR [--carry=DIR]
+    python experiments/decisive_study_carry.py restore --study=CLONE --runs_dir=DIR [--carry=DIR]
+
+Why: a session's machine goes when the session ends, with the study's runs directory and its
+checkpoints (about 1.5 GiB a run, too large to commit). A matched-steps run takes about two hours
+of wall time on a 2-core AVX2 machine (22 minutes of training, then 27 minutes for each of its
+three checkpoints' evaluations and 10 for the ladder), so the run a session was in was lost
+whole: the next machine trained it again and evaluated every checkpoint again.
+
+`save` (before a session ends) copies, for every run in the runs directory that has an evaluation
+record and is not yet published, what the study's runner reads back to continue it: its training
+attempts, evaluation calls and step log, and every evaluation record it has written, into
+`--carry` (default `experiments/results/decisive_study_carried/`, to be committed), with
+`carried.json`: the machine and the commit they were made on, and the sha256 of each evaluated
+checkpoint's training state (`state_digest`).
+
+`restore` (on the next machine, before the runner starts) trains each carried run again with the
+runner's own command (the study clone's `decisive_study.train_overrides`, so at the study's
+commit) and takes its records back only if the machine's description and the clone's commit are
+the carried ones, the new step log's training figures (all but times, throughputs, memory and
+compile counts) equal the carried log's, and every evaluated checkpoint's training state has the
+carried digest: the records then describe these very checkpoints. Otherwise it says why, and
+the runner evaluates the run afresh. Either way the runner is then started as usual; it finds the
+run trained and evaluates the checkpoints without a record. The published run lists both
+training attempts (`attempts.json`) and every evaluation call (`evaluations.json`), each with its
+commit and machine.
+
+The script is not the study's code: it runs from the main checkout with the study clone's
+interpreter, and imports the clone's `experiments/decisive_study.py` for what a run is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+import warnings
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+DEFAULT_CARRY = os.path.join(REPO, "experiments", "results", "decisive_study_carried")
+DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "decisive_study")
+CARRIED = "carried.json"
+RUN_FILES = ("attempts.json", "evaluations.json", "metrics.jsonl")
+# Step-log fields that measure the machine rather than the training: they differ between two
+# identical runs.
+UNSTABLE = ("time/", "throughput/", "memory/", "compile/")
+RUNS_DIR = "<runs_dir>"  # how a published record names the runs directory
+
+
+def study_modules(study: str):
+  """The study clone's decisive_study module (with its real_model_study as `.rms`)."""
+  for path in (os.path.join(study, "experiments"), study):
+    if path not in sys.path:
+      sys.path.insert(0, path)
+  return importlib.import_module("decisive_study")
+
+
+def state_digest(step_dir: str) -> str:
+  """sha256 over a checkpoint's training state (parameters, optimizer state, step, skipped-step
+  count, random key): each array's path, dtype, shape and bytes, in path order. Orbax restores
+  the state item without a target. The file manifest (`checksums.sha256.json`) cannot serve:
+  Orbax's metadata files differ between two saves of equal arrays."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():  # "Sharding info not provided": the arrays are read whole
+    warnings.simplefilter("ignore", UserWarning)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      tree = checkpointer.restore(os.path.abspath(os.path.join(step_dir, "state")))
+  digest = hashlib.sha256()
+  for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(tree)[0],
+                           key=lambda item: jax.tree_util.keystr(item[0])):
+    array = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def training_figures(metrics_jsonl: str) -> list[dict]:
+  """The step log's rows without the fields that measure the machine (`UNSTABLE`)."""
+  with open(metrics_jsonl, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [{k: v for k, v in row.items() if not k.startswith(UNSTABLE)} for row in rows]
+
+
+def _records(directory: str) -> dict[str, dict]:
+  if not os.path.isdir(directory):
+    return {}
+  return {name: json.load(open(os.path.join(directory, name), encoding="utf-8"))
+          for name in sorted(os.listdir(directory))
+          if name.startswith("step_") and name.endswith(".json")}
+
+
+def _write_json(path: str, value) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def _checkpoint_named(record: dict, runs_dir: str, publish: bool) -> dict:
+  """The record with its checkpoint path relative to the runs directory (`publish`) or back
+  under this machine's runs directory."""
+  record = dict(record)
+  if "checkpoint" in record:
+    if publish:
+      record["checkpoint"] = os.path.join(RUNS_DIR,
+                                          os.path.relpath(record["checkpoint"], runs_dir))
+    elif record["checkpoint"].startswith(RUNS_DIR + os.sep):
+      record["checkpoint"] = os.path.join(runs_dir, record["checkpoint"][len(RUNS_DIR) + 1:])
+  return record
+
+
+def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
+  """Carries every unpublished run of `runs_dir` that has an evaluation record; drops carried
+  runs that are published now. Returns the carried runs' names."""
+  here = ds.machine.describe()
+  commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
+  os.makedirs(carry, exist_ok=True)
+  for name in sorted(os.listdir(carry)):
+    if ds.published(out, name):
+      shutil.rmtree(os.path.join(carry, name))
+  carried = []
+  for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+    run = os.path.join(runs_dir, name)
+    evaluations = {which: _records(os.path.join(run, which)) for which in ds.EVALUATIONS}
+    if ds.published(out, name) or not any(evaluations.values()):
+      continue
+    if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
+      print(f"{name}: not carried, it lacks one of {', '.join(RUN_FILES)}", flush=True)
+      continue
+    steps = sorted({r["step"] for rs in evaluations.values() for r in rs.values()} - {0})
+    digests = {}
+    for step in steps:
+      step_dir = os.path.join(run, "checkpoints", str(step))
+      if os.path.isdir(step_dir):
+        digests[str(step)] = state_digest(step_dir)
+    target = os.path.join(carry, name)
+    staging = target + ".partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    for f in RUN_FILES:
+      shutil.copyfile(os.path.join(run, f), os.path.join(staging, f))
+    for which, by_name in evaluations.items():
+      if by_name:
+        os.makedirs(os.path.join(staging, which))
+      for file_name, record in by_name.items():
+        # A record of a checkpoint whose digest could not be taken cannot be checked later.
+        if record["step"] and str(record["step"]) not in digests:
+          continue
+        _write_json(os.path.join(staging, which, file_name),
+                    _checkpoint_named(record, runs_dir, publish=True))
+    _write_json(os.path.join(staging, CARRIED),
+                {"machine": here, "commit": commit, "digests": digests})
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    carried.append(name)
+    print(f"{name}: carried the records of steps {steps} ({len(digests)} digests)", flush=True)
+  return carried
+
+
+def _arm_and_seed(ds, d, name: str) -> tuple[str, int] | None:
+  for arm, seed in ds.runs_of(d, list(d.arms), list(d.seeds)):
+    if ds.rms.run_name(arm, seed) == name:
+      return arm, seed
+  return None
+
+
+def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
+  """Trains each carried run again and takes its records back where they describe the same
+  checkpoints. Returns {run: what happened}."""
+  d = ds.design(ds.load_registration())
+  here = ds.machine.describe()
+  commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
+  outcome = {}
+  for name in sorted(os.listdir(carry)) if os.path.isdir(carry) else []:
+    source = os.path.join(carry, name)
+    if not os.path.isfile(os.path.join(source, CARRIED)):
+      continue
+    info = json.load(open(os.path.join(source, CARRIED), encoding="utf-8"))
+    run = os.path.join(runs_dir, name)
+    which = _arm_and_seed(ds, d, name)
+    if ds.published(out, name):
+      outcome[name] = "published already"
+    elif which is None:
+      outcome[name] = "not a run of the registered study"
+    elif info["machine"] != here or info["commit"] != commit:
+      outcome[name] = (f"carried from {info['machine']!r} at {info['commit'][:7]}, this is "
+                       f"{here!r} at {commit[:7]}: left for the runner to run afresh")
+    elif os.path.exists(run):
+      outcome[name] = f"{run} exists: left as it is"
+    else:
+      outcome[name] = _retrain_and_check(ds, d, which, name, source, runs_dir, info)
+    print(f"{name}: {outcome[name]}", flush=True)
+  return outcome
+
+
+def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
+  arm, seed = which
+  run = os.path.join(runs_dir, name)
+  os.makedirs(run)
+  # The carried attempts first: the runner's training call appends this machine's.
+  shutil.copyfile(os.path.join(source, "attempts.json"), os.path.join(run, "attempts.json"))
+  ds.rms.real_model().run_config(name, runs_dir, config=d.config,
+                                 overrides=ds.train_overrides(d, arm, seed), held_out=False)
+  if training_figures(os.path.join(run, "metrics.jsonl")) != training_figures(
+      os.path.join(source, "metrics.jsonl")):
+    return "trained again, but its step log differs from the carried one: records left out"
+  for step, digest in info["digests"].items():
+    step_dir = os.path.join(run, "checkpoints", step)
+    if not os.path.isdir(step_dir) or state_digest(step_dir) != digest:
+      return (f"trained again, but step {step}'s training state differs from the carried one: "
+              "records left out")
+  restored = 0
+  for which_eval in ds.EVALUATIONS:
+    records = _records(os.path.join(source, which_eval))
+    if records:
+      os.makedirs(os.path.join(run, which_eval), exist_ok=True)
+    for file_name, record in records.items():
+      _write_json(os.path.join(run, which_eval, file_name),
+                  _checkpoint_named(record, runs_dir, publish=False))
+      restored += 1
+  shutil.copyfile(os.path.join(source, "evaluations.json"),
+                  os.path.join(run, "evaluations.json"))
+  return (f"trained again with the same step log and training state at steps "
+          f"{sorted(map(int, info['digests']))}: {restored} records restored")
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("action", choices=("save", "restore"))
+  parser.add_argument("--study", required=True, help="the study's clone, at the study's commit")
+  parser.add_argument("--runs_dir", required=True, help="the runner's --runs_dir")
+  parser.add_argument("--carry", default=DEFAULT_CARRY)
+  parser.add_argument("--out", default=DEFAULT_OUT, help="the runner's --out")
+  args = parser.parse_args(argv)
+  if not os.path.isfile(os.path.join(args.study, "experiments", "decisive_study.py")):
+    raise SystemExit(f"decisive_study_carry: --study={args.study!r} holds no "
+                     "experiments/decisive_study.py; expected the study's clone")
+  ds = study_modules(os.path.abspath(args.study))
+  runs_dir, carry, out = (os.path.abspath(p) for p in (args.runs_dir, args.carry, args.out))
+  if args.action == "save":
+    save(ds, runs_dir, carry, out)
+  else:
+    restore(ds, runs_dir, carry, out)
+
+
+if __name__ == "__main__":
+  main()
