@@ -22,7 +22,8 @@ commit) and takes its records back only if the machine's description and the clo
 the carried ones, the new step log's training figures (all but times, throughputs, memory and
 compile counts) equal the carried log's, and every evaluated checkpoint's training state has the
 carried digest: the records then describe these very checkpoints. Otherwise it says why, and
-the runner evaluates the run afresh. Either way the runner is then started as usual; it finds the
+the runner evaluates the run afresh. Each outcome is appended to `restores.jsonl` in `--carry`,
+which outlives the carried files. Either way the runner is then started as usual; it finds the
 run trained and evaluates the checkpoints without a record. The published run lists both
 training attempts (`attempts.json`) and every evaluation call (`evaluations.json`), each with its
 commit and machine.
@@ -46,6 +47,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 DEFAULT_CARRY = os.path.join(REPO, "experiments", "results", "decisive_study_carried")
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "decisive_study")
 CARRIED = "carried.json"
+RESTORES = "restores.jsonl"  # in --carry: every restore's outcome, kept after the run is published
 RUN_FILES = ("attempts.json", "evaluations.json", "metrics.jsonl")
 # Step-log fields that measure the machine rather than the training: they differ between two
 # identical runs.
@@ -125,7 +127,7 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
   commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
   os.makedirs(carry, exist_ok=True)
   for name in sorted(os.listdir(carry)):
-    if ds.published(out, name):
+    if os.path.isdir(os.path.join(carry, name)) and ds.published(out, name):
       shutil.rmtree(os.path.join(carry, name))
   carried = []
   for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
@@ -199,6 +201,10 @@ def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
     else:
       outcome[name] = _retrain_and_check(ds, d, which, name, source, runs_dir, info)
     print(f"{name}: {outcome[name]}", flush=True)
+    # Kept when the run is published and its carried files go: what was taken back, and why.
+    with open(os.path.join(carry, RESTORES), "a", encoding="utf-8") as f:
+      f.write(json.dumps({"run": name, "outcome": outcome[name], "machine": here,
+                          "commit": commit, "carried": info}) + "\n")
   return outcome
 
 

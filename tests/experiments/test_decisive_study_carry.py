@@ -136,8 +136,12 @@ def test_records_carried_to_the_same_machine_and_commit_are_taken_back(study, ca
   calls = json.load(open(os.path.join(published, "evaluations.json"), encoding="utf-8"))
   assert [c["steps"] for c in calls] == [[4, 8, 12], [8, 12], [12]]
   assert len(json.load(open(os.path.join(published, "attempts.json"), encoding="utf-8"))) == 2
-  carry.save(study, runs, into, out)  # published: no longer carried
-  assert os.listdir(into) == []
+  carry.save(study, runs, into, out)  # published: no longer carried, its restore's record kept
+  assert os.listdir(into) == ["restores.jsonl"]
+  log = [json.loads(line) for line in open(os.path.join(into, "restores.jsonl"),
+                                           encoding="utf-8")]
+  assert [(r["run"], r["machine"], r["carried"]["digests"]) for r in log] == [
+      ("mean_s0", "cpu A", {"4": "state 4"})] and "2 records restored" in log[0]["outcome"]
 
 
 @pytest.mark.parametrize("what", ["machine", "commit", "step log", "state"])
