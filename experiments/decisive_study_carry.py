@@ -2,6 +2,7 @@
 
     python experiments/decisive_study_carry.py save    --study=CLONE --runs_dir=DIR [--carry=DIR]
     python experiments/decisive_study_carry.py restore --study=CLONE --runs_dir=DIR [--carry=DIR]
+    python experiments/decisive_study_carry.py seeds   --study=CLONE --runs_dir=DIR [--carry=DIR]
 
 Why: a session's machine goes when the session ends, with the study's runs directory and its
 checkpoints (about 1.5 GiB a run, too large to commit). A matched-steps run takes about two hours
@@ -27,6 +28,12 @@ which outlives the carried files. Either way the runner is then started as usual
 run trained and evaluates the checkpoints without a record. The published run lists both
 training attempts (`attempts.json`) and every evaluation call (`evaluations.json`), each with its
 commit and machine.
+
+`seeds` prints the registered seeds this machine may run (for the runner's `--seeds`): those
+none of whose runs was published or carried from a machine of another description. Sessions
+are lent machines of more than one kind (AVX2 only; AMX with bfloat16 dots, whose products round
+otherwise), a seed's arms pair only within one machine, and the runner, going seed by seed,
+would otherwise train the rest of a seed begun on one kind on the other and lose its pairs.
 
 The script is not the study's code: it runs from the main checkout with the study clone's
 interpreter, and imports the clone's `experiments/decisive_study.py` for what a run is.
@@ -239,10 +246,32 @@ def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
           f"{sorted(map(int, info['digests']))}: {restored} records restored")
 
 
+def seeds_here(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
+  """The registered seeds this machine may run, in the study's order: those none of whose runs
+  was published or carried from a machine of another description (a seed's arms pair only
+  within one machine, and sessions are lent machines of more than one kind); and {seed: why}
+  for the others."""
+  d = ds.design(ds.load_registration())
+  here = ds.machine.describe()
+  allowed, why = [], {}
+  for seed in d.seeds:
+    elsewhere = set(ds._seed_machines(out, d, seed))  # pylint: disable=protected-access
+    for arm in d.arms:
+      info = os.path.join(carry, ds.rms.run_name(arm, seed), CARRIED)
+      if os.path.isfile(info):
+        elsewhere.add(json.load(open(info, encoding="utf-8"))["machine"])
+    elsewhere.discard(here)
+    if elsewhere:
+      why[seed] = f"its runs so far ran on {', '.join(sorted(elsewhere))}"
+    else:
+      allowed.append(seed)
+  return allowed, why
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("action", choices=("save", "restore"))
+  parser.add_argument("action", choices=("save", "restore", "seeds"))
   parser.add_argument("--study", required=True, help="the study's clone, at the study's commit")
   parser.add_argument("--runs_dir", required=True, help="the runner's --runs_dir")
   parser.add_argument("--carry", default=DEFAULT_CARRY)
@@ -255,8 +284,14 @@ def main(argv=None) -> None:
   runs_dir, carry, out = (os.path.abspath(p) for p in (args.runs_dir, args.carry, args.out))
   if args.action == "save":
     save(ds, runs_dir, carry, out)
-  else:
+  elif args.action == "restore":
     restore(ds, runs_dir, carry, out)
+  else:
+    allowed, why = seeds_here(ds, carry, out)
+    for seed, reason in why.items():
+      print(f"seed {seed} is not for this machine ({ds.machine.describe()}): {reason}",
+            file=sys.stderr)
+    print(",".join(map(str, allowed)))
 
 
 if __name__ == "__main__":

@@ -173,3 +173,17 @@ def test_a_run_directory_already_there_is_left_as_it_is(study, carry, tmp_path, 
   _, runs, out, into, trained, _ = _stopped_in_step_8(study, carry, tmp_path, monkeypatch)
   assert "exists: left as it is" in carry.restore(study, runs, into, out)["mean_s0"]
   assert trained == ["mean_s0"]
+
+
+def test_a_machine_runs_only_the_seeds_no_other_machine_began(study, carry, tmp_path,
+                                                              monkeypatch):
+  _fake_digests(carry, monkeypatch)
+  _, _, out, into, _, _ = _stopped_in_step_8(study, carry, tmp_path, monkeypatch)  # seed 0, cpu A
+  helpers._published(out, "mean", 1, helpers._curve(*helpers.MEAN[1]), ladder=0.3,
+                     machine="cpu B")
+  every = list(study.design(study.load_registration()).seeds)
+  assert carry.seeds_here(study, into, out) == (
+      [s for s in every if s != 1], {1: "its runs so far ran on cpu B"})
+  monkeypatch.setattr(study.machine, "describe", lambda: "cpu B")
+  allowed, why = carry.seeds_here(study, into, out)
+  assert allowed == [s for s in every if s != 0] and why == {0: "its runs so far ran on cpu A"}
