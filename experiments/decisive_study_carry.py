@@ -2,7 +2,7 @@
 
     python experiments/decisive_study_carry.py save    --study=CLONE --runs_dir=DIR [--carry=DIR]
     python experiments/decisive_study_carry.py restore --study=CLONE --runs_dir=DIR [--carry=DIR]
-    python experiments/decisive_study_carry.py seeds   --study=CLONE --runs_dir=DIR [--carry=DIR]
+    python experiments/decisive_study_carry.py seeds   --study=CLONE [--carry=DIR]
 
 Why: a session's machine goes when the session ends, with the study's runs directory and its
 checkpoints (about 1.5 GiB a run, too large to commit). A matched-steps run takes about two hours
@@ -59,7 +59,7 @@ RUN_FILES = ("attempts.json", "evaluations.json", "metrics.jsonl")
 # Step-log fields that measure the machine rather than the training: they differ between two
 # identical runs.
 UNSTABLE = ("time/", "throughput/", "memory/", "compile/")
-RUNS_DIR = "<runs_dir>"  # how a published record names the runs directory
+RUNS_DIR = "<runs_dir>"  # how a published record names the runs directory (real_model_study)
 
 
 def study_modules(study: str):
@@ -98,32 +98,12 @@ def training_figures(metrics_jsonl: str) -> list[dict]:
   return [{k: v for k, v in row.items() if not k.startswith(UNSTABLE)} for row in rows]
 
 
-def _records(directory: str) -> dict[str, dict]:
-  if not os.path.isdir(directory):
-    return {}
-  return {name: json.load(open(os.path.join(directory, name), encoding="utf-8"))
-          for name in sorted(os.listdir(directory))
-          if name.startswith("step_") and name.endswith(".json")}
-
-
-def _write_json(path: str, value) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1)
-    f.write("\n")
-  os.replace(tmp, path)
-
-
-def _checkpoint_named(record: dict, runs_dir: str, publish: bool) -> dict:
-  """The record with its checkpoint path relative to the runs directory (`publish`) or back
-  under this machine's runs directory."""
+def _under(record: dict, runs_dir: str) -> dict:
+  """A carried record (its checkpoint named as published, `real_model_study._relative_checkpoint`)
+  with its checkpoint back under this machine's runs directory."""
   record = dict(record)
-  if "checkpoint" in record:
-    if publish:
-      record["checkpoint"] = os.path.join(RUNS_DIR,
-                                          os.path.relpath(record["checkpoint"], runs_dir))
-    elif record["checkpoint"].startswith(RUNS_DIR + os.sep):
-      record["checkpoint"] = os.path.join(runs_dir, record["checkpoint"][len(RUNS_DIR) + 1:])
+  if record.get("checkpoint", "").startswith(RUNS_DIR + os.sep):
+    record["checkpoint"] = os.path.join(runs_dir, record["checkpoint"][len(RUNS_DIR) + 1:])
   return record
 
 
@@ -132,6 +112,7 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
   runs that are published now. Returns the carried runs' names."""
   here = ds.machine.describe()
   commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
+  as_published = ds.rms._relative_checkpoint  # pylint: disable=protected-access
   os.makedirs(carry, exist_ok=True)
   for name in sorted(os.listdir(carry)):
     if os.path.isdir(os.path.join(carry, name)) and ds.published(out, name):
@@ -139,13 +120,13 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
   carried = []
   for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
     run = os.path.join(runs_dir, name)
-    evaluations = {which: _records(os.path.join(run, which)) for which in ds.EVALUATIONS}
+    evaluations = {which: ds.records(os.path.join(run, which)) for which in ds.EVALUATIONS}
     if ds.published(out, name) or not any(evaluations.values()):
       continue
     if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
       print(f"{name}: not carried, it lacks one of {', '.join(RUN_FILES)}", flush=True)
       continue
-    steps = sorted({r["step"] for rs in evaluations.values() for r in rs.values()} - {0})
+    steps = sorted({step for by_step in evaluations.values() for step in by_step} - {0})
     digests = {}
     for step in steps:
       step_dir = os.path.join(run, "checkpoints", str(step))
@@ -157,17 +138,16 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
     os.makedirs(staging)
     for f in RUN_FILES:
       shutil.copyfile(os.path.join(run, f), os.path.join(staging, f))
-    for which, by_name in evaluations.items():
-      if by_name:
+    for which, by_step in evaluations.items():
+      if by_step:
         os.makedirs(os.path.join(staging, which))
-      for file_name, record in by_name.items():
+      for step, record in by_step.items():
         # A record of a checkpoint whose digest could not be taken cannot be checked later.
-        if record["step"] and str(record["step"]) not in digests:
+        if step and str(step) not in digests:
           continue
-        _write_json(os.path.join(staging, which, file_name),
-                    _checkpoint_named(record, runs_dir, publish=True))
-    _write_json(os.path.join(staging, CARRIED),
-                {"machine": here, "commit": commit, "digests": digests})
+        ds.results.save_step(os.path.join(staging, which), as_published(record, runs_dir))
+    ds.files.write_json(os.path.join(staging, CARRIED),
+                        {"machine": here, "commit": commit, "digests": digests})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     carried.append(name)
@@ -233,12 +213,11 @@ def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
               "records left out")
   restored = 0
   for which_eval in ds.EVALUATIONS:
-    records = _records(os.path.join(source, which_eval))
+    records = ds.records(os.path.join(source, which_eval))
     if records:
       os.makedirs(os.path.join(run, which_eval), exist_ok=True)
-    for file_name, record in records.items():
-      _write_json(os.path.join(run, which_eval, file_name),
-                  _checkpoint_named(record, runs_dir, publish=False))
+    for record in records.values():
+      ds.results.save_step(os.path.join(run, which_eval), _under(record, runs_dir))
       restored += 1
   shutil.copyfile(os.path.join(source, "evaluations.json"),
                   os.path.join(run, "evaluations.json"))
@@ -273,15 +252,18 @@ def main(argv=None) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("action", choices=("save", "restore", "seeds"))
   parser.add_argument("--study", required=True, help="the study's clone, at the study's commit")
-  parser.add_argument("--runs_dir", required=True, help="the runner's --runs_dir")
+  parser.add_argument("--runs_dir", help="the runner's --runs_dir (save and restore)")
   parser.add_argument("--carry", default=DEFAULT_CARRY)
   parser.add_argument("--out", default=DEFAULT_OUT, help="the runner's --out")
   args = parser.parse_args(argv)
   if not os.path.isfile(os.path.join(args.study, "experiments", "decisive_study.py")):
     raise SystemExit(f"decisive_study_carry: --study={args.study!r} holds no "
                      "experiments/decisive_study.py; expected the study's clone")
+  if args.action != "seeds" and not args.runs_dir:
+    raise SystemExit(f"decisive_study_carry: {args.action} needs --runs_dir, the runner's")
   ds = study_modules(os.path.abspath(args.study))
-  runs_dir, carry, out = (os.path.abspath(p) for p in (args.runs_dir, args.carry, args.out))
+  carry, out = os.path.abspath(args.carry), os.path.abspath(args.out)
+  runs_dir = os.path.abspath(args.runs_dir) if args.runs_dir else None
   if args.action == "save":
     save(ds, runs_dir, carry, out)
   elif args.action == "restore":
