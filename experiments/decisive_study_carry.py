@@ -152,6 +152,9 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
     os.replace(staging, target)
     carried.append(name)
     print(f"{name}: carried the records of steps {steps} ({len(digests)} digests)", flush=True)
+  if not carried:
+    print(f"nothing to carry: no unpublished run in {runs_dir} has an evaluation record",
+          flush=True)
   return carried
 
 
