@@ -91,10 +91,9 @@ def state_digest(step_dir: str) -> str:
   return digest.hexdigest()
 
 
-def training_figures(metrics_jsonl: str) -> list[dict]:
-  """The step log's rows without the fields that measure the machine (`UNSTABLE`)."""
-  with open(metrics_jsonl, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+def training_figures(rows: list[dict]) -> list[dict]:
+  """A step log's rows (`metrics.read_jsonl`) without the fields that measure the machine
+  (`UNSTABLE`)."""
   return [{k: v for k, v in row.items() if not k.startswith(UNSTABLE)} for row in rows]
 
 
@@ -206,8 +205,9 @@ def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
   shutil.copyfile(os.path.join(source, "attempts.json"), os.path.join(run, "attempts.json"))
   ds.rms.real_model().run_config(name, runs_dir, config=d.config,
                                  overrides=ds.train_overrides(d, arm, seed), held_out=False)
-  if training_figures(os.path.join(run, "metrics.jsonl")) != training_figures(
-      os.path.join(source, "metrics.jsonl")):
+  trained, carried = (training_figures(ds.metrics.read_jsonl(os.path.join(where, "metrics.jsonl")))
+                      for where in (run, source))
+  if trained != carried:
     return "trained again, but its step log differs from the carried one: records left out"
   for step, digest in info["digests"].items():
     step_dir = os.path.join(run, "checkpoints", step)
