@@ -3,6 +3,7 @@ benchmarks/real_model.py at SmolLM2's): random prompts, and the sampler's decode
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -22,9 +23,13 @@ def random_prompts(vocab: int, count: int, lo: int, hi: int, seed: int = 0) -> l
   return [rng.randint(1, vocab, rng.randint(lo, hi + 1)).tolist() for _ in range(count)]
 
 
-def decode_program(llama, prompts, num_samples: int, new_tokens: int, cache_phases: int = 3):
+def decode_program(llama, prompts, num_samples: int, new_tokens: int, cache_phases: int = 3,
+                   weights_first: bool = False):
   """(run, steps): run(seed) times the decode loop alone (prefill excluded), in seconds, and with
-  `trace_dir` profiles it there; run.hlo() is the decode program's optimised HLO text."""
+  `trace_dir` profiles it there; run.hlo() is the decode program's optimised HLO text.
+  `weights_first`: the loop is given the transposed weight copies `sampler.sample` makes for a
+  batch of at most `SamplerConfig.weights_first_rows` rows (`sampler.weights_first`), made
+  before the timing as the sampler makes them before its loop; False: the plain products."""
   cfg = sampling.SamplerConfig(max_new_tokens=new_tokens, temperature=1.0,
                                cache_phases=cache_phases)
   batch = batching.pad_prompts(batching.validate_prompts(prompts, llama.cfg.vocab_size),
@@ -33,6 +38,9 @@ def decode_program(llama, prompts, num_samples: int, new_tokens: int, cache_phas
   graphdef, params = nnx.split(llama)
   params = sampler.operand_params(params, llama.cfg)  # as `sampler.sample`: once per call
   prefill, decode = sampler.programs(graphdef, cfg, sampler.model_mesh(llama), shapes)
+  if weights_first:
+    decode = functools.partial(decode, weights_t=jax.block_until_ready(
+        sampler.weights_first(params, llama.cfg)))
   rows = np.int32(len(prompts) * num_samples)
 
   def run(seed: int = 0, trace_dir: str | None = None) -> float:

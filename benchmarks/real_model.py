@@ -1,7 +1,7 @@
 """Sampling and update speed at a real shape: SmolLM2-135M (30 layers, hidden 576, 9/3 heads of 64,
 MLP 1536, vocabulary 49,152, tied embeddings), float32, on this machine.
 
-    python benchmarks/real_model.py [--parts=sample,roofline,phases,profile,context,attention,compile,train,config,malloc]
+    python benchmarks/real_model.py [--parts=sample,roofline,phases,weights_first,profile,context,attention,compile,train,config,malloc]
                                     [--jemalloc=PATH]
                                     [--configs=16x4x64,64x4x256,2x64x80] [--repeats=2]
                                     [--matmul_dtypes=float32,bfloat16]
@@ -28,6 +28,11 @@ calls after a warm-up call, and the two sides of a comparison alternate.
             the operands in the step's matmul dtype and float32 results. Also the sum of each
             class timed as its own call x layers (the figure earlier sessions reported: it pays
             a dispatch per product and reads one layer's weights, so it overstates the matmuls).
+  weights_first
+            the decode loop alone with its products on transposed copies of the weights, the
+            weights as the left operand (what the sampler does at a batch of at most
+            `SamplerConfig.weights_first_rows` rows on a CPU), against the plain products,
+            alternating: milliseconds per step and the ratio, at the --configs shapes.
   profile   one decode call (the first --configs shape, at most 32 new tokens) under the JAX
             profiler: milliseconds per step of the ops XLA ran, grouped by the jax op and result
             shape they came from, the largest first.
@@ -293,6 +298,32 @@ def part_attention(cfg, repeats):
           f"shared prompt {best['shared'] * layer_count * 1e3:.1f} ms, a copy per row "
           f"{best['per_row'] * layer_count * 1e3:.1f} ms: ratio "
           f"{best['per_row'] / best['shared']:.2f}")
+
+
+def part_weights_first(llama, cfg, configs, repeats):
+  """The decode loop alone with its products on transposed weight copies, the weights as the
+  left operand (`sampler.weights_first`, what `sampler.sample` gives a batch of at most
+  `SamplerConfig.weights_first_rows` rows on a CPU), against the plain products, at each
+  --configs shape (every row runs all N tokens, so the batch keeps its rows), the two calls
+  alternating: milliseconds per step (median and fastest of `repeats`) and the ratio."""
+  for spec in configs:
+    p, n, new = (int(x) for x in spec.split("x"))
+    prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
+    runs = {first: decode_program(llama, prompts, n, new, weights_first=first)[0]
+            for first in (False, True)}
+    times = {first: [] for first in runs}
+    for first, run in runs.items():
+      run(0)  # compiles
+    for i in range(repeats):
+      for first, run in runs.items():
+        times[first].append(run(i + 1) / (new - 1))
+    plain, first = (np.asarray(times[k]) * 1e3 for k in (False, True))
+    print(f"[weights_first] {spec} ({p * n} rows, {cfg.operand_dtype} operands): decode step "
+          f"{np.median(first):.1f} ms (fastest {first.min():.1f}) with the weights first against "
+          f"{np.median(plain):.1f} ({plain.min():.1f}) with the plain products: "
+          f"{np.median(plain) / np.median(first):.2f}x by the medians, "
+          f"{plain.min() / first.min():.2f}x by the fastest; the sampler takes it at this batch: "
+          f"{p * n <= sampling.SamplerConfig().weights_first_rows}")
 
 
 def part_phases(llama, cfg, configs, repeats):
@@ -583,6 +614,8 @@ def main():
       part_attention(llama.cfg, args.repeats)
     if "phases" in parts:
       part_phases(llama, llama.cfg, configs, args.repeats)
+    if "weights_first" in parts:
+      part_weights_first(llama, llama.cfg, configs, args.repeats)
     if "profile" in parts:
       part_profile(llama, llama.cfg, configs, args.profile_prompt)
     if "compile" in parts:

@@ -74,6 +74,29 @@ def kernel_operands(*operands: jax.Array) -> tuple[jax.Array, ...]:
   return tuple(o.astype(jnp.float32) for o in operands)
 
 
+def project_weights_first(x: jax.Array, w_nk: jax.Array, dtype: str,
+                          matmul_dtype: str | None) -> jax.Array:
+  """`project(x, w)` for a weight w [K, N] given as its transposed copy w_nk [N, K] (w's input
+  axes flattened into K, its output axes into N): x [..., K] -> [..., N], the same products in
+  the same dtypes, computed as (w_nk x^T)^T with the weight as the left operand.
+
+  Why: at a few rows (a decode step's batch) XLA:CPU's dot library runs [M, K] x [K, N] far
+  below its rate, and the same product with the weight on the left several times faster
+  (benchmarks/real_model.py --parts=weights_first times both in the decode loop). A transpose of
+  w inside the program does not serve: XLA folds it into the dot, which then runs the slow way,
+  so the sampler passes transposed copies made once per call (`sampler.weights_first`). The
+  result is copied row-major (`transposed`) for the same reason."""
+  k = w_nk.shape[1]
+  x_mk = x.reshape(-1, k)
+  if _is_mixed(dtype, matmul_dtype):
+    md = jnp.dtype(matmul_dtype)
+    out_nm = jnp.einsum("nk,mk->nm", *kernel_operands(w_nk.astype(md), x_mk.astype(md)),
+                        preferred_element_type=jnp.float32)
+  else:
+    out_nm = jnp.einsum("nk,mk->nm", w_nk.astype(dtype), x_mk.astype(dtype))
+  return transposed(out_nm).astype(dtype).reshape(x.shape[:-1] + (w_nk.shape[0],))
+
+
 def _is_mixed(dtype, matmul_dtype) -> bool:
   """Whether `project` takes `matmul_dtype` operands other than `dtype` (float32 accumulation)."""
   return matmul_dtype is not None and jnp.dtype(matmul_dtype) != jnp.dtype(dtype)
@@ -383,9 +406,12 @@ class Projections(nnx.Module):
     return w[...] if isinstance(w, nnx.Variable) else _dequantized(_values(w))
 
   def product(self, name: str, x: jax.Array, spec: str | None = None,
-              shape: tuple[int, ...] | None = None) -> jax.Array:
+              shape: tuple[int, ...] | None = None,
+              weight_t: jax.Array | None = None) -> jax.Array:
     """x times weight `name` (as `project` computes it, the weight reshaped to `shape` if given),
-    plus its adapter's product when it has one switched on.
+    plus its adapter's product when it has one switched on. `weight_t`: the weight's transposed
+    copy [N, K] (`sampler.weights_first`), multiplied by `project_weights_first` instead; only
+    for a `spec` that contracts x's last axis with the weight's leading ones.
 
     A quantized weight is dequantized where it is used, so that one layer's float weights exist
     at a time (what QLoRA keeps is the quantized base): inside a rematerialised region, so that
@@ -402,7 +428,11 @@ class Projections(nnx.Module):
       x, q = jax.lax.optimization_barrier((x, q))
       return frozen(x, _dequantized(q))
 
-    if self.quantized(name):
+    if weight_t is not None:
+      out_axes = tuple((getattr(self, name).shape if shape is None else shape)[1:])
+      y = project_weights_first(x, weight_t, self.dtype, self.matmul_dtype)
+      y = y.reshape(x.shape[:-1] + out_axes)
+    elif self.quantized(name):
       y = jax.checkpoint(dequantized_product, policy=jax.checkpoint_policies.nothing_saveable)(
           x, _values(getattr(self, name)))
     else:
@@ -449,14 +479,20 @@ class Attention(Projections):
     self.dtype = jnp.dtype(cfg.dtype)
     self.matmul_dtype = cfg.matmul_dtype
 
-  def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array):
-    """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H]."""
-    q = constrain(self.product("q_proj", x_btd, "btd,dnh->btnh"), "btnh")
-    k = constrain(self.product("k_proj", x_btd, "btd,dkh->btkh"), "btkh")
-    v = constrain(self.product("v_proj", x_btd, "btd,dkh->btkh"), "btkh")
+  def qkv(self, x_btd: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array,
+          weights_t: dict[str, jax.Array] | None = None):
+    """Rotated queries [B, T, N, H] and keys [B, T, K, H], and values [B, T, K, H].
+    `weights_t`: transposed copies of the weights by name (`Projections.product`), or None."""
+    t = weights_t or {}
+    q = constrain(self.product("q_proj", x_btd, "btd,dnh->btnh", weight_t=t.get("q_proj")),
+                  "btnh")
+    k = constrain(self.product("k_proj", x_btd, "btd,dkh->btkh", weight_t=t.get("k_proj")),
+                  "btkh")
+    v = constrain(self.product("v_proj", x_btd, "btd,dkh->btkh", weight_t=t.get("v_proj")),
+                  "btkh")
     return rope.apply(q, cos_bth, sin_bth), rope.apply(k, cos_bth, sin_bth), v
 
-  def out(self, attn_btnh: jax.Array) -> jax.Array:
+  def out(self, attn_btnh: jax.Array, weight_t: jax.Array | None = None) -> jax.Array:
     """o_proj over the heads as one [B, T, N*H] x [N*H, D] matmul. Both reshapes are free (the
     head axis is the major one of both operands). Why not the einsum "btnh,nhd->btd": XLA's CPU
     backend lowered its two contracting axes as (h, n), so every call transposed the activations
@@ -466,7 +502,7 @@ class Attention(Projections):
     attn_btnh = constrain(attn_btnh, "btnh")
     b, t, n, h = attn_btnh.shape
     out_btd = self.product("o_proj", attn_btnh.reshape(b, t, n * h),
-                           shape=(n * h, self.o_proj.shape[-1]))
+                           shape=(n * h, self.o_proj.shape[-1]), weight_t=weight_t)
     return constrain(out_btd, "btd")
 
   def __call__(self, x_btd, cos_bth, sin_bth, mask_btt) -> jax.Array:
@@ -554,13 +590,17 @@ class MLP(Projections):
     self.dtype = jnp.dtype(cfg.dtype)
     self.matmul_dtype = cfg.matmul_dtype
 
-  def __call__(self, x_btd: jax.Array) -> jax.Array:
-    if not any(self.quantized(n) or self.adapted(n) for n in self.WEIGHTS):
+  def __call__(self, x_btd: jax.Array,
+               weights_t: dict[str, jax.Array] | None = None) -> jax.Array:
+    """`weights_t`: transposed copies of the weights by name (`Projections.product`), for a
+    forward pass that is not differentiated (the sampler's decode step), or None."""
+    if not weights_t and not any(self.quantized(n) or self.adapted(n) for n in self.WEIGHTS):
       return swiglu(x_btd, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
                     self.dtype, self.matmul_dtype)
-    return self.adapted_swiglu(x_btd)
+    return self.adapted_swiglu(x_btd, weights_t)
 
-  def adapted_swiglu(self, x_btd: jax.Array) -> jax.Array:
+  def adapted_swiglu(self, x_btd: jax.Array,
+                     weights_t: dict[str, jax.Array] | None = None) -> jax.Array:
     """`swiglu`'s forward, op for op, with each product a `Projections.product` (a quantized
     weight dequantized, an adapter's product added), differentiated by jax.
 
@@ -569,14 +609,15 @@ class MLP(Projections):
     quantized base's dequantized weights. Under LoRA the frozen weights need no gradient, and
     the weight-gradient products that backward was written to lay out (`_swiglu_bwd`) are not
     formed at all."""
-    g_btf = constrain(self.product("gate_proj", x_btd), "btf")
-    u_btf = constrain(self.product("up_proj", x_btd), "btf")
+    t = weights_t or {}
+    g_btf = constrain(self.product("gate_proj", x_btd, weight_t=t.get("gate_proj")), "btf")
+    u_btf = constrain(self.product("up_proj", x_btd, weight_t=t.get("up_proj")), "btf")
     # silu(g) * u recomputed in the backward pass from g and u, as `_swiglu_bwd` does. jax saves
     # g and u either way, but differentiated through, the compiled update held one more [B, T, F]
     # float32 array per layer (benchmarks/lora_update.py prints the compiled step's temporaries;
     # the figures are in docs/benchmarks.md).
     hidden_btf = constrain(jax.checkpoint(_silu_times)(g_btf, u_btf), "btf")
-    return constrain(self.product("down_proj", hidden_btf), "btd")
+    return constrain(self.product("down_proj", hidden_btf, weight_t=t.get("down_proj")), "btd")
 
 
 class DecoderLayer(nnx.Module):
@@ -608,26 +649,30 @@ class DecoderLayer(nnx.Module):
         lambda q, keys, values: attend_bkhs(q, keys, values, mask_bts, v_layout="bksh"))
 
   def cached_shared(self, x_btd, cos_bth, sin_bth, prompt_k, prompt_v, prompt_mask_ps, k_bkhs,
-                    v_bksh, mask_bs, cache_index):
+                    v_bksh, mask_bs, cache_index, weights_t=None):
     """`cached` for one token per row with the prompt's keys and values shared by groups of rows
     (`attend_shared_prompt`): writes the new key and value at slot `cache_index` of the rows'
-    own caches and attends over the prompt and the rows' valid slots."""
+    own caches and attends over the prompt and the rows' valid slots. `weights_t`: this layer's
+    transposed weight copies ({"self_attn": {name: w_t}, "mlp": {...}}, `sampler.weights_first`)
+    or None."""
     return self._cached_step(
         x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index,
         lambda q, keys, values: attend_shared_prompt(
             q, prompt_k.astype(q.dtype), prompt_v.astype(q.dtype), prompt_mask_ps, keys, values,
-            mask_bs))
+            mask_bs), weights_t)
 
-  def _cached_step(self, x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index, attend_fn):
+  def _cached_step(self, x_btd, cos_bth, sin_bth, k_bkhs, v_bksh, cache_index, attend_fn,
+                   weights_t=None):
     """The block with a KV cache: queries, keys and values of x; the keys and values written at
     slots [cache_index, +T) in place; attention by `attend_fn(q, keys, values)` (the caches in
     the compute dtype); then the residual and the MLP. Returns x and both caches."""
-    q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth)
+    attn_t, mlp_t = (weights_t or {}).get("self_attn"), (weights_t or {}).get("mlp")
+    q, k, v = self.self_attn.qkv(self.input_layernorm(x_btd), cos_bth, sin_bth, attn_t)
     k_bkhs = jax.lax.dynamic_update_slice(
         k_bkhs, k.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, cache_index))
     v_bksh = jax.lax.dynamic_update_slice(
         v_bksh, v.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, cache_index, 0))
     attn = attend_fn(q, k_bkhs.astype(q.dtype), v_bksh.astype(q.dtype))
-    x_btd = x_btd + self.self_attn.out(attn)
-    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+    x_btd = x_btd + self.self_attn.out(attn, (attn_t or {}).get("o_proj"))
+    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd), mlp_t)
     return x_btd, k_bkhs, v_bksh

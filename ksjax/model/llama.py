@@ -50,11 +50,20 @@ def layer_cache(cfg: LlamaConfig, batch_size: int, max_len: int,
 
 
 def head_logits(hidden_btd: jax.Array, w: jax.Array, vocab_axis: int,
-                operand_dtype=None) -> jax.Array:
+                operand_dtype=None, weights_first: bool = False) -> jax.Array:
   """float32 logits [B, T, V'] of hidden states against a head matrix [V', D] (vocab_axis 0) or
-  [D, V'] (vocab_axis 1), both operands in `operand_dtype` (default: the hidden states')."""
-  spec = "btd,vd->btv" if vocab_axis == 0 else "btd,dv->btv"
+  [D, V'] (vocab_axis 1), both operands in `operand_dtype` (default: the hidden states').
+  `weights_first` (a [V', D] matrix only): the product with the matrix as the left operand,
+  faster at a decode step's few rows (`layers.project_weights_first`)."""
   dtype = hidden_btd.dtype if operand_dtype is None else operand_dtype
+  if weights_first:
+    if vocab_axis != 0:
+      raise ValueError("weights_first takes the head matrix as [V, D] (vocab_axis 0)")
+    b, t, d = hidden_btd.shape
+    w_h = layers.kernel_operands(w.astype(dtype), hidden_btd.reshape(b * t, d).astype(dtype))
+    logits_vm = jnp.einsum("vd,md->vm", *w_h, preferred_element_type=jnp.float32)
+    return layers.transposed(logits_vm).reshape(b, t, -1)
+  spec = "btd,vd->btv" if vocab_axis == 0 else "btd,dv->btv"
   return jnp.einsum(spec, *layers.kernel_operands(hidden_btd.astype(dtype), w.astype(dtype)),
                     preferred_element_type=jnp.float32)
 
@@ -141,10 +150,14 @@ class Llama(nnx.Module):
       return self.embed_tokens[...], 0
     return self.lm_head[...], 1
 
-  def logits(self, hidden_btd: jax.Array) -> jax.Array:
-    """float32 [B, T, V] from final hidden states."""
-    w, vocab_axis = self.head_weight()
-    return constrain(head_logits(hidden_btd, w, vocab_axis, self.cfg.operand_dtype), "btv")
+  def logits(self, hidden_btd: jax.Array, head_t: jax.Array | None = None,
+             weights_first: bool = False) -> jax.Array:
+    """float32 [B, T, V] from final hidden states. `weights_first`: the head's product with the
+    matrix on the left (`head_logits`), the untied head given as its transposed copy `head_t`
+    [V, D] (a tied one is [V, D] already)."""
+    w, vocab_axis = (head_t, 0) if head_t is not None else self.head_weight()
+    return constrain(head_logits(hidden_btd, w, vocab_axis, self.cfg.operand_dtype,
+                                 weights_first and vocab_axis == 0), "btv")
 
   def value(self, hidden_btd: jax.Array) -> jax.Array:
     """float32 [B, T] scalar values (PPO critic); needs cfg.value_head."""
@@ -228,8 +241,8 @@ class Llama(nnx.Module):
   def forward_shared(self, token_b: jax.Array, position_b: jax.Array, prompt: Cache,
                      prompt_mask_ps: jax.Array, cache: Cache, cache_index: jax.Array,
                      kv_mask_bs: jax.Array,
-                     rope_table: tuple[jax.Array, jax.Array] | None = None
-                     ) -> tuple[jax.Array, Cache]:
+                     rope_table: tuple[jax.Array, jax.Array] | None = None,
+                     weights_t: dict | None = None) -> tuple[jax.Array, Cache]:
     """One decode step over a shared prompt cache (`layers.attend_shared_prompt`).
 
     `prompt` holds the keys and values of P prompts (layout `Cache`, S = the prompt length),
@@ -239,6 +252,9 @@ class Llama(nnx.Module):
     slots where kv_mask[b, s] (the caller switches the written slot on). Returns float32 logits
     [B, V] and the rows' cache (donate the old one under jit); the prompt cache is only read.
     `rope_table` (`rope_table(L)`, every position < L) gives the rotations by lookup.
+    `weights_t`: transposed copies of the matrices (`sampler.weights_first`: {"layers": one
+    `DecoderLayer.cached_shared` tree a layer, "lm_head": the untied head's or None}), the step's
+    products then taken with the weights on the left; None: as the training forward takes them.
     """
     if rope_table is None:
       cos, sin = self.cos_sin(position_b[:, None])
@@ -247,13 +263,16 @@ class Llama(nnx.Module):
     x_btd = self.embed(token_b[:, None])
     keys, values = [], []
     mask_bs = kv_mask_bs.astype(bool)
-    for layer, pk, pv, k_bkhs, v_bksh in zip(self.layers, prompt["k"], prompt["v"], cache["k"],
-                                             cache["v"]):
+    layers_t = [None] * len(self.layers) if weights_t is None else weights_t["layers"]
+    for layer, pk, pv, k_bkhs, v_bksh, layer_t in zip(self.layers, prompt["k"], prompt["v"],
+                                                      cache["k"], cache["v"], layers_t):
       x_btd, k_bkhs, v_bksh = layer.cached_shared(x_btd, cos, sin, pk, pv, prompt_mask_ps,
-                                                  k_bkhs, v_bksh, mask_bs, cache_index)
+                                                  k_bkhs, v_bksh, mask_bs, cache_index, layer_t)
       keys.append(k_bkhs)
       values.append(v_bksh)
-    return self.logits(self.norm(x_btd))[:, 0], {"k": keys, "v": values}
+    head_t = None if weights_t is None else weights_t.get("lm_head")
+    logits_btv = self.logits(self.norm(x_btd), head_t, weights_first=weights_t is not None)
+    return logits_btv[:, 0], {"k": keys, "v": values}
 
   def hidden_cached(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: Cache,
                     cache_index: jax.Array, kv_mask_bs: jax.Array) -> tuple[jax.Array, Cache]:

@@ -57,6 +57,10 @@ class SamplerConfig:
   tokens do not read the whole generated cache; each phase compiles its own loop body, and none
   is shorter than 64 slots. 1: one loop over all slots. Generations of at most 97 new tokens
   always take one loop.
+  `weights_first_rows`: on a CPU, a decode program of at most this many rows multiplies by
+  transposed copies of the weight matrices, made once per call, with the weights as the left
+  operand (`sampler.weights_first`): at a few rows XLA:CPU's dot library runs that way several
+  times faster. The copies cost the matrices' bytes once more while the sampler runs. 0: never.
   """
   max_new_tokens: int = 256
   temperature: float = 1.0
@@ -68,6 +72,7 @@ class SamplerConfig:
   prefill_once: bool = True
   compact_rows: int = 8
   cache_phases: int = 3
+  weights_first_rows: int = 32
 
   def __post_init__(self):
     if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -92,6 +97,9 @@ class SamplerConfig:
     if not _is_int(self.cache_phases) or self.cache_phases < 1:
       raise ValueError(f"cache_phases={self.cache_phases!r} is not accepted; expected an integer "
                        ">= 1 (1 means one decode loop over all slots)")
+    if not _is_int(self.weights_first_rows) or self.weights_first_rows < 0:
+      raise ValueError(f"weights_first_rows={self.weights_first_rows!r} is not accepted; expected "
+                       "an integer >= 0 (0 means the weights are never transposed)")
     eos = () if self.eos_id is None else token_ids(self.eos_id, "eos_id", allow_empty=True)
     stops = self.stop_sequences or ()
     if isinstance(stops, (str, bytes)) or not isinstance(stops, Sequence):
@@ -106,6 +114,7 @@ class SamplerConfig:
     object.__setattr__(self, "pad_id", int(self.pad_id))
     object.__setattr__(self, "compact_rows", int(self.compact_rows))
     object.__setattr__(self, "cache_phases", int(self.cache_phases))
+    object.__setattr__(self, "weights_first_rows", int(self.weights_first_rows))
     object.__setattr__(self, "eos_id", eos)
     object.__setattr__(self, "stop_sequences", stops)
 

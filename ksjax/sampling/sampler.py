@@ -70,6 +70,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from ksjax import machine
 from ksjax.model import Cache, Llama, LlamaConfig, default_positions, init_cache, sharding
 from ksjax.model.llama import MATMUL_WEIGHTS, cast_matmul_weights
 from ksjax.sampling import batching
@@ -169,14 +170,15 @@ def prefill_logits(llama: Llama, tokens_pt: jax.Array, mask_pt: jax.Array, *, nu
 
 
 def step_logits(llama: Llama, token_b: jax.Array, position_b: jax.Array, prompt: PromptCache,
-                cache: Cache, slot: jax.Array, kv_mask_bs: jax.Array, rope_table=None):
+                cache: Cache, slot: jax.Array, kv_mask_bs: jax.Array, rope_table=None,
+                weights_t=None):
   """Feeds one token per row, written to the row's cache `slot`; returns next-token logits
-  float32 [B, V], the rows' cache and their kv mask with `slot` switched on. `rope_table`: see
-  `Llama.forward_shared`."""
+  float32 [B, V], the rows' cache and their kv mask with `slot` switched on. `rope_table`,
+  `weights_t`: see `Llama.forward_shared`."""
   b = token_b.shape[0]
   kv_mask_bs = jax.lax.dynamic_update_slice(kv_mask_bs, jnp.ones((b, 1), bool), (0, slot))
   logits_bv, cache = llama.forward_shared(token_b, position_b, prompt.cache, prompt.mask_pt,
-                                          cache, slot, kv_mask_bs, rope_table)
+                                          cache, slot, kv_mask_bs, rope_table, weights_t)
   return logits_bv, cache, kv_mask_bs
 
 
@@ -321,12 +323,17 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
 @functools.lru_cache(maxsize=64)
 def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
   """The jitted decode loop (see `programs`); it compiles once per shape (rows, prompts and
-  prompt length) and prompt-cache sharding it is given."""
+  prompt length) and prompt-cache sharding it is given. Its optional last argument, the
+  transposed weights of `weights_first` (None: none), serves a batch of at most
+  `cfg.weights_first_rows` rows."""
   n_new = cfg.max_new_tokens
   out_shardings = state_shardings(mesh)
 
-  def decode(params, prompt: PromptCache, ds: DecodeState, stop_at) -> DecodeState:
+  def decode(params, prompt: PromptCache, ds: DecodeState, stop_at,
+             weights_t=None) -> DecodeState:
     llama = nnx.merge(graphdef, params)
+    if ds.done_b.shape[0] > cfg.weights_first_rows:
+      weights_t = None  # too many rows: the plain products are as fast or faster
     # A row's positions run from its prompt's length (at most the padded length T) to T + N - 1.
     rope_table = llama.rope_table(prompt.mask_pt.shape[1] + n_new)
 
@@ -340,7 +347,8 @@ def decode_program(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh):
     def body(ds):
       token_b = jax.lax.dynamic_index_in_dim(ds.tokens_bn, ds.step - 1, axis=1, keepdims=False)
       logits_bv, cache, kv_mask_bs = step_logits(llama, token_b, ds.position_b, prompt, ds.cache,
-                                                 ds.step - 1, ds.kv_mask_bs, rope_table)
+                                                 ds.step - 1, ds.kv_mask_bs, rope_table,
+                                                 weights_t)
       ds = ds.replace(cache=cache, kv_mask_bs=kv_mask_bs, position_b=ds.position_b + 1)
       return jax.lax.with_sharding_constraint(sample_and_record(ds, logits_bv, cfg),
                                               out_shardings)
@@ -471,6 +479,59 @@ def operand_params(params: nnx.State, cfg: LlamaConfig) -> nnx.State:
   return _cast_program(cfg)(params)
 
 
+# The matrices `weights_first` transposes: (module, weight, its leading input axes).
+_TRANSPOSED = (("self_attn", "q_proj", 1), ("self_attn", "k_proj", 1), ("self_attn", "v_proj", 1),
+               ("self_attn", "o_proj", 2), ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1),
+               ("mlp", "down_proj", 1))
+
+
+def weights_first_applies(cfg: SamplerConfig, model_cfg: LlamaConfig, mesh: Mesh,
+                          rows: int) -> bool:
+  """Whether a call whose decode batch starts at `rows` rows takes `weights_first` copies: some
+  batch of it (the first, or one it shrinks to) has at most `cfg.weights_first_rows` rows, on
+  one CPU device.
+
+  Where not: on accelerators (their dot libraries do not lose at few rows; not measured here),
+  on a mesh of several devices (the copies would need shardings of their own), and with
+  bfloat16 operands on a CPU with bfloat16 dot instructions (the matrix units' kernels, not
+  measured yet: benchmarks/real_model.py --parts=weights_first measures it)."""
+  smallest = max(cfg.compact_rows, 1) if cfg.compact_rows else rows
+  if (not cfg.weights_first_rows or min(rows, smallest) > cfg.weights_first_rows
+      or jax.default_backend() != "cpu" or mesh.size != 1):
+    return False
+  return jnp.dtype(model_cfg.operand_dtype) != jnp.bfloat16 or machine.lacks_bfloat16_dots()
+
+
+@functools.lru_cache(maxsize=8)
+def _transpose_program(cfg: LlamaConfig):
+  def transpose(params):
+    flat = dict(nnx.to_flat_state(params))
+
+    def copy(path, leading):
+      w = jnp.asarray(flat[path][...])
+      return w.reshape(int(np.prod(w.shape[:leading])), -1).T.astype(cfg.operand_dtype)
+
+    layers_t = [{} for _ in range(cfg.num_layers)]
+    for i, tree in enumerate(layers_t):
+      for module, name, leading in _TRANSPOSED:
+        if ("layers", i, module, name) in flat:  # a quantized weight's leaves lie below it
+          tree.setdefault(module, {})[name] = copy(("layers", i, module, name), leading)
+    head = None if cfg.tie_embeddings else copy(("lm_head",), 1)
+    return {"layers": layers_t, "lm_head": head}
+  return jax.jit(transpose)
+
+
+def weights_first(params: nnx.State, cfg: LlamaConfig) -> dict:
+  """Transposed copies [N, K] of the decoder's weight matrices (their input axes flattened into
+  K, their output axes into N) and of an untied head, in the operand dtype, for the decode
+  step's products with the weights on the left (`layers.project_weights_first`,
+  `Llama.forward_shared`). Made once per `sample` call, outside the decode program: inside it
+  XLA neither hoists a transpose of a weight out of the loop nor keeps it apart from the dot
+  (a throwaway probe of 30 layers' products in a loop ran at 0.74-0.78x of the plain products'
+  speed). A quantized weight keeps its plain product (it is dequantized where it is used)."""
+  return _transpose_program(cfg)(params)
+
+
 def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
            num_samples: int = 1, seed: int = 0, mesh: Mesh | None = None) -> SampleOutput:
   """`generate` with the settings as a SamplerConfig (see `generate`)."""
@@ -501,6 +562,8 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   prompt_sharding = prompt_shardings(mesh, shapes.prompt_rows).mask_pt  # the prompts' rows
   tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
   rows = batch.num_prompts * num_samples
+  if weights_first_applies(cfg, model_cfg, mesh, shapes.rows):
+    decode = functools.partial(decode, weights_t=weights_first(params, model_cfg))
   prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
   floor = max(cfg.compact_rows, batch_shards)
   if cfg.compact_rows and jax.process_count() == 1 and shapes.rows // 2 >= floor:

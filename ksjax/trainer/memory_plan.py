@@ -472,6 +472,8 @@ class MemoryPlan:
   reference_forward: ProgramMemory | None = None  # the reference's forward over a rollout
   sparse_updates: tuple[ProgramMemory, ...] = ()  # the update at sparse updates' smaller
                            # micro-batches: compiled for what they hold (`held`) alone
+  weights_t: int = 0       # the sampler's transposed weight copies (`sampler.weights_first`) in
+  eval_weights_t: int = 0  # a training and an evaluation call, 0 where the call makes none
 
   @property
   def programs(self) -> int:
@@ -490,8 +492,9 @@ class MemoryPlan:
     sampling = max(self.prefill.peak, self.decode.peak)
     phases = {
         "update": self.reference + self.update.peak,
-        "sampling": sampler_held + sampling,
-        "eval": sampler_held + max(self.eval_prefill.peak, self.eval_decode.peak),
+        "sampling": sampler_held + sampling + self.weights_t,
+        "eval": sampler_held + max(self.eval_prefill.peak, self.eval_decode.peak)
+                + self.eval_weights_t,
     }
     if self.reference_forward is not None:
       phases["reference"] = self.params + self.optimizer + self.reference + self.reference_rows
@@ -550,6 +553,9 @@ class MemoryPlan:
           if self.sampler_params else []),
         f"  update: batch, gradients, activations {gib(self.update_activations)}",
         f"  sampler KV cache          {gib(self.kv_cache)}",
+        *([f"  sampler weight copies     {gib(self.weights_t)} (transposed, for few rows; "
+           f"eval {gib(self.eval_weights_t).strip()})"]
+          if self.weights_t or self.eval_weights_t else []),
         f"  sampler, other than cache {gib(sampler_other)}",
         f"  eval KV cache             {gib(self.eval_kv_cache)}",
         *([f"  reference forward         {gib(self.reference_rows)} (a rollout's rows and the "
@@ -727,6 +733,7 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
                                       shapes.eval_max_new_tokens)
   train_cache, eval_cache = sampler_caches(cfg, mesh, shapes)
+  held_params = abstract_policy(spec, cfg, mesh).params
   return MemoryPlan(
       model=cfg, mesh=dict(mesh.shape), platform=mesh.devices.flat[0].platform, shapes=shapes,
       params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
@@ -736,7 +743,23 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       sampler_shared=not spec.sampling.sampler_devices, frozen=held.frozen,
       lora=spec.lora,
       host=host_process_bytes() if cpu_host else 0, reference_forward=reference_forward,
-      sparse_updates=sparse_updates)
+      sparse_updates=sparse_updates,
+      weights_t=weights_first_bytes(held_params, cfg, mesh, shapes.sample_prompts * shapes.samples,
+                                    shapes.max_new_tokens),
+      eval_weights_t=weights_first_bytes(held_params, cfg, mesh,
+                                         shapes.eval_prompts * shapes.eval_samples,
+                                         shapes.eval_max_new_tokens))
+
+
+def weights_first_bytes(params: Any, cfg: model.LlamaConfig, mesh: Any, rows: int,
+                        max_new_tokens: int) -> int:
+  """Per-device bytes of the transposed weight copies a sampler call of `rows` rows makes
+  (`sampler.weights_first`), 0 where it makes none (`sampler.weights_first_applies`)."""
+  if not sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=max_new_tokens), cfg,
+                                           mesh, rows):
+    return 0
+  return device_bytes(jax.eval_shape(functools.partial(sampler_lib.weights_first, cfg=cfg),
+                                     params))
 
 
 # ---------------------------------------------------------------------------------------------

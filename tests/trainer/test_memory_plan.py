@@ -536,3 +536,18 @@ def test_the_qlora_plan_compiles_the_adapted_programs(tiny_plan, qlora_plan):
   assert "LoRA: rank 4, alpha 16, on all weights" in table and "quantized to int4" in table
   assert f"    frozen base             {INT4_BASE / 2**30:10.2f} GiB" in table
   assert "frozen base" not in tiny_plan.table()
+
+
+def test_the_samplers_transposed_weight_copies_are_counted_where_it_makes_them(tiny_plan):
+  """On one CPU device the sampler multiplies a few rows by transposed copies of the weight
+  matrices (`sampler.weights_first`), in training and in evaluation: the plan counts them in
+  those phases, hand-counted (the tiny model's head is tied: no copy); on 8 devices there are
+  none."""
+  assert tiny_plan.weights_t == tiny_plan.eval_weights_t == 0
+  p = planning.plan(spec_of(small_config(mesh=(1, 1, 1))), prompt_len=10, vocab_size=VOCAB)
+  assert p.weights_t == p.eval_weights_t == 2 * WEIGHTS_PER_LAYER * F32
+  without = dataclasses.replace(p, weights_t=0, eval_weights_t=0).phases
+  assert p.phases["sampling"] - without["sampling"] == p.weights_t
+  assert p.phases["eval"] - without["eval"] == p.eval_weights_t
+  assert p.phases["update"] == without["update"]
+  assert "sampler weight copies" in p.table()
