@@ -495,8 +495,8 @@ def weights_first_applies(cfg: SamplerConfig, model_cfg: LlamaConfig, mesh: Mesh
   on a mesh of several devices (the copies would need shardings of their own), and with
   bfloat16 operands on a CPU with bfloat16 dot instructions (the matrix units' kernels, not
   measured yet: benchmarks/real_model.py --parts=weights_first measures it)."""
-  smallest = max(cfg.compact_rows, 1) if cfg.compact_rows else rows
-  if (not cfg.weights_first_rows or min(rows, smallest) > cfg.weights_first_rows
+  smallest = min(rows, cfg.compact_rows or rows)  # compact_rows 0: the batch never shrinks
+  if (not cfg.weights_first_rows or smallest > cfg.weights_first_rows
       or jax.default_backend() != "cpu" or mesh.size != 1):
     return False
   return jnp.dtype(model_cfg.operand_dtype) != jnp.bfloat16 or machine.lacks_bfloat16_dots()

@@ -733,7 +733,6 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
                                       shapes.eval_max_new_tokens)
   train_cache, eval_cache = sampler_caches(cfg, mesh, shapes)
-  held_params = abstract_policy(spec, cfg, mesh).params
   return MemoryPlan(
       model=cfg, mesh=dict(mesh.shape), platform=mesh.devices.flat[0].platform, shapes=shapes,
       params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
@@ -744,20 +743,22 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       lora=spec.lora,
       host=host_process_bytes() if cpu_host else 0, reference_forward=reference_forward,
       sparse_updates=sparse_updates,
-      weights_t=weights_first_bytes(held_params, cfg, mesh, shapes.sample_prompts * shapes.samples,
+      weights_t=weights_first_bytes(spec, cfg, mesh, shapes.sample_prompts * shapes.samples,
                                     shapes.max_new_tokens),
-      eval_weights_t=weights_first_bytes(held_params, cfg, mesh,
+      eval_weights_t=weights_first_bytes(spec, cfg, mesh,
                                          shapes.eval_prompts * shapes.eval_samples,
                                          shapes.eval_max_new_tokens))
 
 
-def weights_first_bytes(params: Any, cfg: model.LlamaConfig, mesh: Any, rows: int,
+def weights_first_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any, rows: int,
                         max_new_tokens: int) -> int:
   """Per-device bytes of the transposed weight copies a sampler call of `rows` rows makes
-  (`sampler.weights_first`), 0 where it makes none (`sampler.weights_first_applies`)."""
+  (`sampler.weights_first`) of the policy's parameters, 0 where it makes none
+  (`sampler.weights_first_applies`)."""
   if not sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=max_new_tokens), cfg,
                                            mesh, rows):
     return 0
+  params = abstract_policy(spec, cfg, mesh).params
   return device_bytes(jax.eval_shape(functools.partial(sampler_lib.weights_first, cfg=cfg),
                                      params))
 
