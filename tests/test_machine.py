@@ -1,6 +1,7 @@
 """ksjax.machine: the provenance line names the CPU model and its matmul instruction sets; the
 bfloat16 note names the CPUs that emulate bfloat16 dots."""
 
+import json
 import subprocess
 import sys
 
@@ -44,25 +45,35 @@ def test_machine_loads_by_path_with_the_standard_library_only():
 
 
 
-def _resident_bytes(field: str = "VmRSS") -> int:
-  with open("/proc/self/status", encoding="ascii") as f:
-    return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
 
 def test_run_child_measures_that_child_alone():
-  # ru_maxrss starts from the launching process's high-water mark at the fork (a CI worker's,
-  # after heavy tests, can be far above its current size), so the big child holds this process's
-  # high-water mark and 100 MiB more; it spins a while and exits with status 3.
-  big = _resident_bytes("VmHWM") + 100 * 2**20
-  code = (f"import time\nb = bytearray({big})\nfor i in range(0, len(b), 4096): b[i] = 1\n"
-          "t = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
-          "raise SystemExit(3)")
-  run = machine.run_child([sys.executable, "-c", code])
+  # On Linux a child's ru_maxrss starts from the launching process's resident pages at the fork
+  # (a CI worker's can be gigabytes after heavy tests), so the children are launched from a small
+  # process of their own, which loads ksjax/machine.py by path as `.ci/run` does. The big child
+  # holds 100 MiB more than that launcher's high-water mark; it spins a while and exits with
+  # status 3. The next child's figures are its own, not the largest or the sum over the
+  # launcher's children (which `resource.getrusage(RUSAGE_CHILDREN)` would give).
+  launcher = """
+import dataclasses, json, sys
+sys.path.insert(0, "ksjax")
+import machine
+with open("/proc/self/status", encoding="ascii") as f:
+  hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+big = hwm + 100 * 2**20
+code = (f"import time\\nb = bytearray({big})\\nfor i in range(0, len(b), 4096): b[i] = 1\\n"
+        "t = time.process_time()\\nwhile time.process_time() - t < 0.3: pass\\n"
+        "raise SystemExit(3)")
+runs = [machine.run_child([sys.executable, "-c", code]),
+        machine.run_child([sys.executable, "-c", "pass"])]
+print(json.dumps({"big": big, "runs": [dataclasses.asdict(r) for r in runs]}))
+"""
+  out = subprocess.run([sys.executable, "-I", "-c", launcher], cwd=support.REPO,
+                       capture_output=True, text=True, timeout=120, check=False)
+  assert out.returncode == 0, out.stderr
+  figures = json.loads(out.stdout)
+  big, (run, small) = figures["big"], [machine.ChildRun(**r) for r in figures["runs"]]
   assert run.exit_status == 3
   assert run.peak_rss_bytes >= big
   assert run.cpu_seconds >= 0.3 and run.wall_seconds >= run.cpu_seconds * 0.5
-  # The next child's figures are its own, not the largest or the sum over this process's
-  # children (which `resource.getrusage(RUSAGE_CHILDREN)` would give).
-  small = machine.run_child([sys.executable, "-c", "pass"])
   assert small.exit_status == 0 and small.peak_rss_bytes < big
   assert small.cpu_seconds < 0.3
