@@ -36,7 +36,6 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import signal, stats
 
 
 # Convolutions with up to this many taps run as shifted adds, longer ones by FFT.
@@ -111,6 +110,9 @@ def majority_at_k(profile: tuple[tuple[int, float], ...], k: int) -> float:
 
   Cached: problems with the same profile (e.g. all n samples giving one answer) are common.
   """
+  # Imported here: scipy.stats and scipy.signal take about 1.5 s to import, and every binary
+  # imports this module (through ksjax.run.scoring) while only maj@k reads them.
+  from scipy import signal, stats  # pylint: disable=g-import-not-at-top
   sizes = np.asarray([c for c, _ in profile], np.int64)
   values = np.asarray([r for _, r in profile], np.float64)
   n = int(sizes.sum())
