@@ -423,6 +423,39 @@ def test_an_unchanged_file_is_parsed_once_and_a_rewritten_one_again(good_file, t
   one_line_error(gguf_io.open_gguf, str(path), match="truncated or corrupt GGUF file")
 
 
+def _assert_same_reading(ours, theirs):
+  assert list(ours.fields) == list(theirs.fields)
+  for name, field in theirs.fields.items():
+    mine = ours.fields[name]
+    assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data), name
+    assert len(mine.parts) == len(field.parts), name
+    for a, b in zip(mine.parts, field.parts):
+      assert a.dtype == b.dtype and np.array_equal(a, b), name
+  assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == [
+      (t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
+  for a, b in zip(ours.tensors, theirs.tensors):
+    assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+
+
+def test_the_reader_reads_what_ggufs_own_reads(good_file, tmp_path):
+  """`open_gguf`'s reader (plain views of the map, string arrays in one loop) gives gguf's fields,
+  parts and tensors: on a model file with its vocabulary and merges, and on arrays of one string,
+  of an empty string and another, and of numbers (gguf's writer writes no empty array)."""
+  _assert_same_reading(gguf_io.open_gguf(str(good_file)), gguf.GGUFReader(str(good_file)))
+  path = str(tmp_path / "arrays.gguf")
+  writer = gguf.GGUFWriter(path, "llama")
+  writer.add_array("test.one", ["x"])
+  writer.add_array("test.empty_string", ["", "ab"])
+  writer.add_array("test.numbers", [1, 2, 3])
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  ours = gguf_io.open_gguf(path)
+  _assert_same_reading(ours, gguf.GGUFReader(path))
+  assert gguf_io._value(ours.fields["test.empty_string"]) == ["", "ab"]  # pylint: disable=protected-access
+
+
 def test_not_a_gguf_file(tmp_path):
   path = tmp_path / "model.safetensors"
   path.write_bytes(b"{\"not\": \"gguf\"}" + bytes(100))
