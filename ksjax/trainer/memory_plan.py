@@ -733,6 +733,9 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
   eval_prefill, eval_decode = sampler(shapes.eval_prompts, shapes.eval_samples,
                                       shapes.eval_max_new_tokens)
   train_cache, eval_cache = sampler_caches(cfg, mesh, shapes)
+  weights_t, eval_weights_t = weights_first_bytes(
+      spec, cfg, mesh, [(shapes.sample_prompts * shapes.samples, shapes.max_new_tokens),
+                        (shapes.eval_prompts * shapes.eval_samples, shapes.eval_max_new_tokens)])
   return MemoryPlan(
       model=cfg, mesh=dict(mesh.shape), platform=mesh.devices.flat[0].platform, shapes=shapes,
       params=held.params, optimizer=held.optimizer, reference=held.reference, update=update,
@@ -743,24 +746,22 @@ def plan(spec: TrainSpec, *, devices: Sequence[jax.Device] | None = None,
       lora=spec.lora,
       host=host_process_bytes() if cpu_host else 0, reference_forward=reference_forward,
       sparse_updates=sparse_updates,
-      weights_t=weights_first_bytes(spec, cfg, mesh, shapes.sample_prompts * shapes.samples,
-                                    shapes.max_new_tokens),
-      eval_weights_t=weights_first_bytes(spec, cfg, mesh,
-                                         shapes.eval_prompts * shapes.eval_samples,
-                                         shapes.eval_max_new_tokens))
+      weights_t=weights_t, eval_weights_t=eval_weights_t)
 
 
-def weights_first_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any, rows: int,
-                        max_new_tokens: int) -> int:
-  """Per-device bytes of the transposed weight copies a sampler call of `rows` rows makes
-  (`sampler.weights_first`) of the policy's parameters, 0 where it makes none
-  (`sampler.weights_first_applies`)."""
-  if not sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=max_new_tokens), cfg,
-                                           mesh, rows):
-    return 0
-  params = abstract_policy(spec, cfg, mesh).params
-  return device_bytes(jax.eval_shape(functools.partial(sampler_lib.weights_first, cfg=cfg),
-                                     params))
+def weights_first_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any,
+                        calls: Sequence[tuple[int, int]]) -> list[int]:
+  """For each sampler call's (rows, max_new_tokens), the per-device bytes of the transposed
+  weight copies it makes of the policy's parameters (`sampler.weights_first`), 0 where it makes
+  none (`sampler.weights_first_applies`). The copies do not depend on the call, so the abstract
+  policy is built once, and only if some call makes them."""
+  applies = [sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=n), cfg, mesh, rows)
+             for rows, n in calls]
+  if not any(applies):
+    return [0] * len(calls)
+  copies = device_bytes(jax.eval_shape(functools.partial(sampler_lib.weights_first, cfg=cfg),
+                                       abstract_policy(spec, cfg, mesh).params))
+  return [copies if a else 0 for a in applies]
 
 
 # ---------------------------------------------------------------------------------------------
