@@ -453,7 +453,8 @@ def test_the_reader_reads_what_ggufs_own_reads(good_file, tmp_path):
   writer.close()
   ours = gguf_io.open_gguf(path)
   _assert_same_reading(ours, gguf.GGUFReader(path))
-  assert gguf_io._value(ours.fields["test.empty_string"]) == ["", "ab"]  # pylint: disable=protected-access
+  value = gguf_io._value  # pylint: disable=protected-access
+  assert value(ours.fields["test.empty_string"]) == ["", "ab"]
 
 
 def test_not_a_gguf_file(tmp_path):
