@@ -325,7 +325,14 @@ class AnswerChecker:
       _shutdown(self._workers)
 
   def worker_pids(self) -> list[int]:
-    return [w.process.pid for w in self._workers]
+    """The workers' pids, once each has set its limits.
+
+    A worker replaced after a kill is started but not yet ready when `check` returns; waiting here
+    means a caller inspecting a pid (its /proc limits, say) sees the worker as it will check.
+    """
+    with self._lock:
+      self._wait_ready()
+      return [w.process.pid for w in self._workers]
 
   def check(self, pairs: Sequence[tuple[str, str]]) -> list[Verdict]:
     """Verdicts of `verify(gold, prediction)` for each (gold, prediction), in order.

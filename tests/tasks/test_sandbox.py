@@ -112,10 +112,12 @@ def _assert_contained(sandbox: sb.Sandbox, temp_root: str) -> None:
   assert os.listdir(temp_root) == []  # working directories and stderr files are gone
 
 
-def _run_attack(sandbox, temp_root, program, tests=None, fn_name=None) -> sb.Result:
+def _run_attack(sandbox, temp_root, program, tests=None, fn_name=None,
+                time_limit_s=None) -> sb.Result:
   tests = tests or [{"input": "1 2\n", "output": "3\n"}]
   start = time.monotonic()
-  result = sandbox.run(sb.Job(program=program, tests=tests, fn_name=fn_name))
+  result = sandbox.run(sb.Job(program=program, tests=tests, fn_name=fn_name,
+                              time_limit_s=time_limit_s))
   elapsed = time.monotonic() - start
   assert not result.passed
   assert result.verdict != "sandbox_error", result.detail
@@ -249,7 +251,9 @@ def test_sleeping_program_hits_the_wall_clock(sandbox, temp_root):
 
 def test_memory_hog(sandbox, temp_root):
   program = "hog = []\nwhile True:\n  hog.append(bytearray(16 << 20))\n"
-  result = _run_attack(sandbox, temp_root, program)
+  # 3 s CPU (5 s wall): the memory limit, not the clock of a loaded machine, must end it. With the
+  # fixture's 1 s (2 s wall) a CI run beside another job ended it by time before 128 MiB.
+  result = _run_attack(sandbox, temp_root, program, time_limit_s=3.0)
   assert result.verdict == "runtime_error" and "MemoryError" in result.detail
 
 
