@@ -168,11 +168,10 @@ def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
   # A plan measures what compiling adds (`held_since`), and a program compiled before is found in
   # a cache and adds nothing: in jit's caches and the sampler's (cleared here), or in the
-  # session's persistent compilation cache, which any test that runs an entry point's boundary
-  # in-process (`errors.boundary`) switches on for the rest of its worker's tests. So these
-  # programs are ones no other test compiles: a vocabulary of its own. (With tiny_plan's, CI's
-  # order of tests gave prefill 0 bytes, and decode 3.6 KiB here and 0 on CI's machine while the
-  # sampler's decode cache was kept, where a fresh compile holds about 6 MiB.)
+  # session's persistent compilation cache, which every test process uses (tests/conftest.py).
+  # So these programs are ones no other test compiles: a vocabulary of its own. (With
+  # tiny_plan's, CI's order of tests gave prefill 0 bytes, and decode 3.6 KiB here and 0 on CI's
+  # machine while the sampler's decode cache was kept, where a fresh compile holds about 6 MiB.)
   # What other threads free meanwhile comes off a measurement: a test before this one on the
   # worker may leave background work (an asynchronous checkpoint's buffers, a task's pool), so
   # the allocator is let settle first, and a plan with a program under 1 MiB is made once more
