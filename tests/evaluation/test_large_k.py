@@ -129,6 +129,7 @@ def run_dir(tmp_path_factory, worker_id) -> pathlib.Path:
   return eval_run.tiny_run(eval_run.session_dir(tmp_path_factory, worker_id))
 
 
+@pytest.mark.slow  # a 256-sample evaluation; the ladder's rescoring and the batch limits are above
 def test_256_samples_on_two_problems(run_dir, tmp_path, capsys):
   """The binary's run: 2 problems x 256 samples, one problem per sampler call, of two
   checkpoints; the ladder up to pass@256, the diversity, the files and figures. Then the same

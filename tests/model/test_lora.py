@@ -248,7 +248,7 @@ def test_dropout_is_off_except_in_the_training_view(base, base_logits):
 QUANTIZED_RTOL = {"int8": 0.05, "int4": 0.5}
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", [pytest.param("int8", marks=pytest.mark.slow), "int4"])
 def test_qlora_runs_near_the_base_and_trains_only_adapters(base, base_logits, quantize):
   adapted = lora.apply(base, lora.LoraSpec(rank=4, alpha=8.0, quantize_base=quantize),
                        rngs=nnx.Rngs(1))

@@ -239,6 +239,7 @@ def test_the_reference_forward_is_planned_on_the_trainers_layout_and_is_a_phase(
   assert planning.compile_reference(spec, cfg, mesh, longer).peak > forward.peak
 
 
+@pytest.mark.slow  # three measured update compiles; measuring a compile is the test above's
 def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compile(monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
   # pass@2 leave-one-out with sparse updates from 1 row, in micro-batches of 2 of the 8 rows on
@@ -433,6 +434,7 @@ def test_on_cpu_the_start_up_check_plans_nothing(monkeypatch):
   assert planning.check_fits(spec_of(small_config()), vocab_size=VOCAB) is None
 
 
+@pytest.mark.slow  # two plans on 8 devices; the FSDP layout of the state is tested above
 def test_fsdp_splits_the_update_activations_over_its_devices():
   """The compiled update's temporaries per device under fsdp=8 are at most 1/4 of one device's
   under fsdp=1, at the same 16-row micro-batch of 128 tokens.

@@ -368,7 +368,10 @@ def test_shared_prompts_lay_out_blocks_of_one_group_where_that_is_cheaper():
     {"aggregator": "mean", "sparse_updates": False},  # dense: every group's prompt once
     # sparse: the groups with a signal (0 and 2), whole; and pi_old's forward shared too
     {"aggregator": "mean", "algorithm": "dr_grpo", "micro_batch_size": 4},
-    {"baseline": "loo_demeaned", "kl_coef": 0.1, "micro_batch_size": 4},
+    # dense, for the KL penalty (slow: the shared reference forward is
+    # test_the_reference_runs_each_prompt_once_and_gives_every_rows_log_probs's)
+    pytest.param({"baseline": "loo_demeaned", "kl_coef": 0.1, "micro_batch_size": 4},
+                 marks=pytest.mark.slow),
 ])
 def test_an_update_sharing_prompts_equals_a_prompt_per_row(overrides, monkeypatch):
   """config.share_prompts: the same optimizer step (parameters, loss, gradient norm, token and
