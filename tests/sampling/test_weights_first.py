@@ -100,6 +100,7 @@ def test_bfloat16_operands_give_the_same_samples_weights_first(monkeypatch):
                                               float32_atol=1e-5, where=mask[:, t:] > 0)
 
 
+@pytest.mark.slow  # two adapted models sampled both ways; the plain products are the default run's
 def test_adapters_and_a_quantized_base_keep_their_products(monkeypatch):
   base = scaled(ONE_LAYER)
   for spec in (lora.LoraSpec(rank=4, alpha=8.0), lora.LoraSpec(rank=4, quantize_base="int4")):

@@ -163,6 +163,7 @@ def _refuse(*args, **kwargs):
   raise OSError("no interpreter")
 
 
+@pytest.mark.slow  # up to three measured plans, 12-18 compiles; held_since is tested below
 def test_a_plan_of_this_machines_cpu_counts_what_its_compiled_programs_hold(tiny_plan,
                                                                             monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
