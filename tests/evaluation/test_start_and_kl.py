@@ -84,7 +84,8 @@ def _perturbed(policy, scale: float, seed: int):
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
-@pytest.mark.slow  # a zero KL to itself is the start's test below; a reference by path is the next test's
+# slow: a zero KL to itself is the start's test below; a reference by path is the next test's
+@pytest.mark.slow
 def test_kl_to_the_policy_itself_is_zero(run_dir, tmp_path):
   run = _private_run(run_dir, tmp_path / "run")
   # final/ holds the weights of step 3: every completion's log-ratio is the sampler's log-prob

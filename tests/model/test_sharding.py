@@ -200,7 +200,8 @@ def test_scanned_rematerialised_blocks_on_a_mesh_match_unsharded(reference_logit
   np.testing.assert_allclose(np.asarray(logits), reference_logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow  # the sampler's rematerialised prefill gathers one layer at a time in the default run
+# slow: the sampler's rematerialised prefill gathers one layer at a time in the default run
+@pytest.mark.slow
 def test_rematerialised_continuations_gather_one_layer_at_a_time():
   """`continuation_logprobs` runs each layer's prompts and completions back to back, and with
   cfg.remat as a scan: on an FSDP mesh its compiled temporaries grow with depth by less than one

@@ -240,7 +240,7 @@ def test_the_reference_forward_is_planned_on_the_trainers_layout_and_is_a_phase(
   assert planning.compile_reference(spec, cfg, mesh, longer).peak > forward.peak
 
 
-@pytest.mark.slow  # three measured update compiles; measuring a compile is the test above's
+@pytest.mark.slow  # three measured update compiles; the measurement is held_since's, below
 def test_a_plan_of_this_machines_cpu_counts_each_update_sparse_updates_may_compile(monkeypatch):
   monkeypatch.setattr(planning, "host_process_bytes", lambda: 0)
   # pass@2 leave-one-out with sparse updates from 1 row, in micro-batches of 2 of the 8 rows on
