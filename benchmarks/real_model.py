@@ -306,6 +306,7 @@ def part_weights_first(llama, cfg, configs, repeats):
   `SamplerConfig.weights_first_rows` rows on a CPU), against the plain products, at each
   --configs shape (every row runs all N tokens, so the batch keeps its rows), the two calls
   alternating: milliseconds per step (median and fastest of `repeats`) and the ratio."""
+  mesh = sampler.model_mesh(llama)
   for spec in configs:
     p, n, new = (int(x) for x in spec.split("x"))
     prompts = random_prompts(cfg.vocab_size, p, 20, 40, seed=p)
@@ -323,7 +324,7 @@ def part_weights_first(llama, cfg, configs, repeats):
           f"{np.median(plain):.1f} ({plain.min():.1f}) with the plain products: "
           f"{np.median(plain) / np.median(first):.2f}x by the medians, "
           f"{plain.min() / first.min():.2f}x by the fastest; the sampler takes it at this batch: "
-          f"{p * n <= sampling.SamplerConfig().weights_first_rows}")
+          f"{sampler.weights_first_applies(sampling.SamplerConfig(), mesh, p * n)}")
 
 
 def part_phases(llama, cfg, configs, repeats):

@@ -70,7 +70,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from ksjax import machine
 from ksjax.model import Cache, Llama, LlamaConfig, default_positions, init_cache, sharding
 from ksjax.model.llama import MATMUL_WEIGHTS, cast_matmul_weights
 from ksjax.sampling import batching
@@ -485,21 +484,19 @@ _TRANSPOSED = (("self_attn", "q_proj", 1), ("self_attn", "k_proj", 1), ("self_at
                ("mlp", "down_proj", 1))
 
 
-def weights_first_applies(cfg: SamplerConfig, model_cfg: LlamaConfig, mesh: Mesh,
-                          rows: int) -> bool:
+def weights_first_applies(cfg: SamplerConfig, mesh: Mesh, rows: int) -> bool:
   """Whether a call whose decode batch starts at `rows` rows takes `weights_first` copies: some
   batch of it (the first, or one it shrinks to) has at most `cfg.weights_first_rows` rows, on
   one CPU device.
 
-  Where not: on accelerators (their dot libraries do not lose at few rows; not measured here),
-  on a mesh of several devices (the copies would need shardings of their own), and with
-  bfloat16 operands on a CPU with bfloat16 dot instructions (the matrix units' kernels, not
-  measured yet: benchmarks/real_model.py --parts=weights_first measures it)."""
+  Where not: on accelerators (their dot libraries do not lose at few rows; not measured here)
+  and on a mesh of several devices (the copies would need shardings of their own). With float32
+  and with bfloat16 operands alike, on CPUs with bfloat16 dot instructions (the matrix units'
+  kernels) and without: benchmarks/real_model.py --parts=weights_first measures each, and
+  docs/benchmarks.md has the figures."""
   smallest = min(rows, cfg.compact_rows or rows)  # compact_rows 0: the batch never shrinks
-  if (not cfg.weights_first_rows or smallest > cfg.weights_first_rows
-      or jax.default_backend() != "cpu" or mesh.size != 1):
-    return False
-  return jnp.dtype(model_cfg.operand_dtype) != jnp.bfloat16 or machine.lacks_bfloat16_dots()
+  return bool(cfg.weights_first_rows and smallest <= cfg.weights_first_rows
+              and jax.default_backend() == "cpu" and mesh.size == 1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -562,7 +559,7 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   prompt_sharding = prompt_shardings(mesh, shapes.prompt_rows).mask_pt  # the prompts' rows
   tokens_pt, mask_pt = jax.device_put((batch.tokens_pt, batch.mask_pt), prompt_sharding)
   rows = batch.num_prompts * num_samples
-  if weights_first_applies(cfg, model_cfg, mesh, shapes.rows):
+  if weights_first_applies(cfg, mesh, shapes.rows):
     decode = functools.partial(decode, weights_t=weights_first(params, model_cfg))
   prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
   floor = max(cfg.compact_rows, batch_shards)

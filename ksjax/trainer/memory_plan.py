@@ -755,7 +755,7 @@ def weights_first_bytes(spec: TrainSpec, cfg: model.LlamaConfig, mesh: Any,
   weight copies it makes of the policy's parameters (`sampler.weights_first`), 0 where it makes
   none (`sampler.weights_first_applies`). The copies do not depend on the call, so the abstract
   policy is built once, and only if some call makes them."""
-  applies = [sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=n), cfg, mesh, rows)
+  applies = [sampler_lib.weights_first_applies(SamplerConfig(max_new_tokens=n), mesh, rows)
              for rows, n in calls]
   if not any(applies):
     return [0] * len(calls)

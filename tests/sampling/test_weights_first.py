@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ksjax import model, sampling
+from ksjax import machine, model, sampling
 from ksjax.model import layers, lora
 from ksjax.sampling import sampler
 from tests.support import tolerances
@@ -71,8 +71,8 @@ def test_the_weights_first_product_is_the_plain_one(matmul_dtype):
 @pytest.mark.parametrize("tie", [False, True])
 def test_the_same_samples_with_the_weights_first_tied_head_or_not(tie, monkeypatch):
   llama = scaled(dataclasses.replace(CFG, tie_embeddings=tie))
-  assert sampler.weights_first_applies(sampling.SamplerConfig(), llama.cfg,
-                                       sampler.model_mesh(llama), len(PROMPTS) * 4)
+  assert sampler.weights_first_applies(sampling.SamplerConfig(), sampler.model_mesh(llama),
+                                       len(PROMPTS) * 4)
   copies = sampler.weights_first(nnx.state(llama), llama.cfg)
   assert (copies["lm_head"] is None) == tie  # a tied head is [V, D] already
   assert copies["layers"][0]["self_attn"]["o_proj"].shape == (CFG.hidden_size,
@@ -84,20 +84,22 @@ def test_the_same_samples_with_the_weights_first_tied_head_or_not(tie, monkeypat
 
 
 def test_bfloat16_operands_give_the_same_samples_weights_first(monkeypatch):
-  """Greedy samples with bfloat16 operands, as a CPU without bfloat16 dots takes them; the
+  """Greedy samples with bfloat16 operands, as a CPU without bfloat16 dots takes them (float32
+  dots of the rounded operands) and, on a CPU with them, as it takes them (bfloat16 dots); the
   log-probs within the bound of tests/support/tolerances.py (another summation order moves an
   activation across a bfloat16 rounding boundary now and then), against the float32 model's
   log-probs of the same tokens."""
-  monkeypatch.setattr(sampler.machine, "lacks_bfloat16_dots", lambda *a: True)
   llama = model.with_config(scaled(CFG), matmul_dtype="bfloat16")
-  first, plain = both_ways(llama, monkeypatch, temperature=0.0)
-  np.testing.assert_array_equal(first.tokens, plain.tokens)
-  tokens, mask = plain.sequences()
-  t = plain.prompt_tokens.shape[1]
-  logp32, _ = nnx.jit(model.token_logprobs, static_argnames="temperature")(
-      scaled(CFG), tokens, mask, temperature=1.0)  # greedy: log-probs at temperature 1
-  tolerances.assert_same_bfloat16_computation(first.logprobs, plain.logprobs, logp32[:, t:],
-                                              float32_atol=1e-5, where=mask[:, t:] > 0)
+  for lacks in sorted({True, machine.lacks_bfloat16_dots()}):
+    monkeypatch.setattr(machine, "lacks_bfloat16_dots", lambda *a, lacks=lacks: lacks)
+    first, plain = both_ways(llama, monkeypatch, temperature=0.0)
+    np.testing.assert_array_equal(first.tokens, plain.tokens)
+    tokens, mask = plain.sequences()
+    t = plain.prompt_tokens.shape[1]
+    logp32, _ = nnx.jit(model.token_logprobs, static_argnames="temperature")(
+        scaled(CFG), tokens, mask, temperature=1.0)  # greedy: log-probs at temperature 1
+    tolerances.assert_same_bfloat16_computation(first.logprobs, plain.logprobs, logp32[:, t:],
+                                                float32_atol=1e-5, where=mask[:, t:] > 0)
 
 
 @pytest.mark.slow  # two adapted models sampled both ways; the plain products are the default run's
@@ -120,21 +122,16 @@ def test_adapters_and_a_quantized_base_keep_their_products(monkeypatch):
     np.testing.assert_allclose(first.logprobs, plain.logprobs, atol=2e-5, rtol=0)
 
 
-def test_where_the_weights_first_are_taken(monkeypatch):
+def test_where_the_weights_first_are_taken():
   single = sampler.model_mesh(model.Llama(CFG, rngs=nnx.Rngs(0)))
   eight = model.make_mesh((8, 1, 1))
-  applies = lambda cfg=sampling.SamplerConfig(), model_cfg=CFG, mesh=single, rows=12: (
-      sampler.weights_first_applies(cfg, model_cfg, mesh, rows))
+  applies = lambda cfg=sampling.SamplerConfig(), mesh=single, rows=12: (
+      sampler.weights_first_applies(cfg, mesh, rows))
   assert applies() and applies(rows=128)  # 128 rows shrink to 32 and fewer
   assert not applies(sampling.SamplerConfig(compact_rows=0), rows=128)  # never at <= 32 rows
   assert applies(sampling.SamplerConfig(compact_rows=0), rows=32)
   assert not applies(sampling.SamplerConfig(weights_first_rows=0))
   assert not applies(mesh=eight)
-  bf16 = dataclasses.replace(CFG, matmul_dtype="bfloat16")
-  monkeypatch.setattr(sampler.machine, "lacks_bfloat16_dots", lambda *a: False)
-  assert not applies(model_cfg=bf16) and applies()  # bfloat16 dots: not measured there
-  monkeypatch.setattr(sampler.machine, "lacks_bfloat16_dots", lambda *a: True)
-  assert applies(model_cfg=bf16)
 
 
 def test_a_decode_batch_above_the_threshold_takes_the_plain_products():
@@ -143,7 +140,7 @@ def test_a_decode_batch_above_the_threshold_takes_the_plain_products():
   plain = sampler.sample(llama, PROMPTS, dataclasses.replace(cfg, weights_first_rows=0),
                          num_samples=4, seed=5)
   # 12 rows > 4: the copies are not made, and the decode program ignores any it is given.
-  assert not sampler.weights_first_applies(cfg, ONE_LAYER, sampler.model_mesh(llama), 12)
+  assert not sampler.weights_first_applies(cfg, sampler.model_mesh(llama), 12)
   out = sampler.sample(llama, PROMPTS, cfg, num_samples=4, seed=5)
   np.testing.assert_array_equal(out.logprobs, plain.logprobs)
 
