@@ -20,6 +20,9 @@ In one run, after the CPU line (`ksjax.machine.describe`), the allocator line an
            (x^T a row-major copy, `layers.transposed`), each a share of the dense rate of its
            operand dtype by wall time; and one layer's float32 attention, forward + backward
            (`layers.attend`). What these reach bounds what the model can.
+  depth    (not in the default --parts) the forward + backward at 1, 8 and 30 layers, the slope
+           being a layer's cost inside the model, and the MLP alone against a chain of 30 of
+           them (`part_depth`): how much of the gap to the parts' own rates is composition.
 --baseline=REV runs the model part again in a child process on revision REV's `ksjax` package
 (`git archive`; the working tree is not touched) and prints its lines marked [REV], for the
 side-by-side with the code before a change.
@@ -226,6 +229,53 @@ def part_kernels(rows: int, matmul_dtypes, repeats: int) -> None:
         f"{out['attention'][2]['float32']:.0%} of the float32 dense rate", flush=True)
 
 
+def part_depth(rows: int, columns: int, matmul_dtypes, repeats: int,
+               depths=(1, 8, 30)) -> None:
+  """What a decoder layer costs inside the model against the same work alone: the forward +
+  backward of the model at each of `depths` layers (the rest of SmolLM2's shape kept), the
+  slope between consecutive depths being one layer's cost there (the intercept is the head and
+  the embedding); and the MLP (`layers.swiglu`, its hand-written backward) alone and as a chain
+  of the model's depth, each block with its own weights and a residual add, unrolled as the
+  model runs its layers."""
+  from ksjax.model import layers  # pylint: disable=import-outside-toplevel
+  d, f = SMOLLM2_135M["hidden_size"], SMOLLM2_135M["intermediate_size"]
+  for matmul_dtype in matmul_dtypes:
+    operand = None if matmul_dtype == "float32" else matmul_dtype
+    calls, flops_of = {}, {}
+    for n in depths:
+      cfg = model.LlamaConfig(**{**SMOLLM2_135M, "num_layers": n}, matmul_dtype=operand)
+      flops_of[n] = 3 * cfg.forward_flops(rows, columns, logit_columns=columns - 1)
+      calls[f"{n} layers"] = (model_programs(cfg, rows, columns)[1], flops_of[n])
+    keys = jax.random.split(jax.random.key(3), 4)
+    x = jax.random.normal(keys[0], (rows, columns, d)) * 0.05
+    mlp_flops = 3 * 2 * 3 * rows * columns * d * f
+    for n in (1, max(depths)):
+      ws = [jax.random.normal(k, (n,) + shape) * 0.05
+            for k, shape in zip(keys[1:], ((d, f), (d, f), (f, d)))]
+
+      def chain(x, gate, up, down, n=n):
+        for i in range(n):
+          x = x + layers.swiglu(x, gate[i], up[i], down[i], jnp.float32, operand)
+        return x.sum()
+      grad = jax.jit(jax.grad(chain, argnums=(0, 1, 2, 3)))
+      calls[f"{n} MLPs"] = ((lambda grad=grad, ws=ws: jax.block_until_ready(grad(x, *ws))),
+                            n * mlp_flops)
+    out = shares(calls, repeats, (matmul_dtype,))
+    print(f"[depth] {matmul_dtype} operands, {rows} x {columns} tokens, forward+backward; dense "
+          f"{DENSE}^3 this round {out[f'dense {matmul_dtype}'] / 1e9:.1f} GFLOP/s", flush=True)
+    for name in calls:
+      print(f"  {share_line(name, out[name], matmul_dtype)}", flush=True)
+    for a, b in zip(depths, depths[1:]):
+      seconds = (out[f"{b} layers"][0] - out[f"{a} layers"][0]) / (b - a)
+      rate = (flops_of[b] - flops_of[a]) / (b - a) / seconds
+      print(f"  a layer in the model between {a} and {b} layers: {seconds * 1e3:.1f} ms, "
+            f"{rate / out[f'dense {matmul_dtype}']:.0%} of the dense rate", flush=True)
+    deep = max(depths)
+    print(f"  an MLP alone {out['1 MLPs'][0] * 1e3:.1f} ms, in a chain of {deep} "
+          f"{out[f'{deep} MLPs'][0] / deep * 1e3:.1f} ms each", flush=True)
+    del calls
+
+
 def model_children(args, baseline_root: str | None) -> None:
   """The model part, each matmul dtype and row count in its own child process: one
   configuration's buffers are handed back before the next one's (the entry points' allocator
@@ -283,6 +333,8 @@ def main() -> None:
     part_head(max(int(r) for r in args.rows.split(",")), args.columns, dtypes, args.repeats)
   if "kernels" in parts:
     part_kernels(args.kernel_rows, dtypes, args.repeats)
+  if "depth" in parts:
+    part_depth(max(int(r) for r in args.rows.split(",")), args.columns, dtypes, args.repeats)
 
 
 if __name__ == "__main__":
