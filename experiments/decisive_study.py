@@ -672,6 +672,7 @@ def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departure
       f"{d.evaluation['kl_samples']} samples per problem); the ladder: the first "
       f"{d.ladder['test_per_level']} of each level with {d.ladder['num_samples']} samples, at "
       "the last step and the start. One sampling seed for every evaluation.", "",
+      *cpu_steps_lines(data, names),
       "## Statements", "",
       ("Judged as registered: paired t-test over seeds, two-sided, Holm across the primary "
        f"statements, alpha {prereg.alpha:g}." if verdicts["registered"] and not interim else
@@ -726,6 +727,24 @@ def report(d: Design, prereg, out: str, arms, seeds, *, interim: bool, departure
   files.write_text(os.path.join(out, "README.md"), "\n".join(lines) + "\n")
   print(f"wrote {out}", flush=True)
   return summary
+
+
+def cpu_steps_lines(data: dict, names) -> list[str]:
+  """The steps each equal-CPU run reached, by machine, as report lines (none without such runs).
+
+  Why: their budget is in CPU-minutes, so the steps it buys depend on the machine kind (on the
+  AMX Xeon the arms reached several times the EPYC's steps), and an equal-CPU statement pairs
+  seeds within a machine but pools machines whose budgets meant different step counts."""
+  by_machine: dict[str, list[str]] = {}
+  for name in names:
+    r = data["runs"][name]
+    if r["stop"] == "cpu":
+      by_machine.setdefault("; ".join(r["machines"]), []).append(f"{name} {r['last_step']}")
+  if not by_machine:
+    return []
+  return ["Steps the equal-CPU budget bought, by machine (the budget is in CPU-minutes, so its "
+          "steps depend on the CPU; each seed is paired within one machine):", "",
+          *(f"- {machine}: {', '.join(runs)}" for machine, runs in by_machine.items()), ""]
 
 
 def status(d: Design, out: str, arms, seeds) -> str:

@@ -206,6 +206,18 @@ def test_statements_pair_seeds_within_a_machine_and_read_kl_off_the_measured_cur
   assert rows["P1"]["kind"] == "exploratory"
 
 
+def test_the_report_names_the_steps_each_machine_bought_with_the_cpu_budget(study):
+  runs = {"mean_cpu_s0": {"stop": "cpu", "last_step": 8, "machines": ["cpu A"]},
+          "pass_at_k_cpu_s0": {"stop": "cpu", "last_step": 10, "machines": ["cpu A"]},
+          "mean_cpu_s2": {"stop": "cpu", "last_step": 38, "machines": ["cpu B"]},
+          "mean_s2": {"stop": "steps", "last_step": 12, "machines": ["cpu B"]}}
+  lines = study.cpu_steps_lines({"runs": runs}, list(runs))
+  assert "- cpu A: mean_cpu_s0 8, pass_at_k_cpu_s0 10" in lines
+  assert "- cpu B: mean_cpu_s2 38" in lines
+  assert not any("mean_s2" in line for line in lines)  # matched steps: not a budget's steps
+  assert study.cpu_steps_lines({"runs": {"mean_s2": runs["mean_s2"]}}, ["mean_s2"]) == []
+
+
 def _git(repo, *args):
   return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
                         cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
