@@ -34,6 +34,10 @@ none of whose runs was published or carried from a machine of another descriptio
 are lent machines of more than one kind (AVX2 only; AMX with bfloat16 dots, whose products round
 otherwise), a seed's arms pair only within one machine, and the runner, going seed by seed,
 would otherwise train the rest of a seed begun on one kind on the other and lose its pairs.
+Once every seed it prints is whole, it appends the seeds begun elsewhere that are not: a machine
+with nothing else to run finishes them rather than leave the study without a verdict, and the
+report leaves such a seed out of the statements that pair its runs across machines
+(`seeds_to_run`).
 
 The script is not the study's code: it runs from the main checkout with the study clone's
 interpreter, and imports the clone's `experiments/decisive_study.py` for what a run is.
@@ -250,6 +254,29 @@ def seeds_here(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   return allowed, why
 
 
+def seeds_to_run(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
+  """The runner's `--seeds` here, in order, and {seed: why} for each registered seed left out or
+  run here though begun elsewhere: `seeds_here`'s seeds; then, once every one of them is whole
+  (this machine has nothing else to run), the seeds begun elsewhere that are not yet whole.
+
+  Why the second part: machines of a kind are lent by chance, and a seed begun on a kind that no
+  longer comes would keep the study from ever having every registered run published, the decision
+  rule's condition for a verdict. Its remaining runs then train and evaluate here, and the report
+  leaves the seed out of each statement that pairs one of them with a run of the seed made
+  elsewhere (the registration's pairing rule); statements between two runs made here keep it.
+  Decided before any run of seeds 8-11 was seen, from the order alone, never from results."""
+  d = ds.design(ds.load_registration())
+  allowed, why = seeds_here(ds, carry, out)
+  every = list(d.arms)
+  if ds.finished_seeds(d, out, every, allowed) != allowed:
+    return allowed, why
+  begun = [s for s in why if s not in ds.finished_seeds(d, out, every, [s])]
+  for seed in begun:
+    why[seed] += (": nothing else is left for this machine, so its remaining runs run here, "
+                  "and the report leaves it out of each statement that pairs them with those")
+  return allowed + begun, why
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -272,8 +299,11 @@ def main(argv=None) -> None:
   elif args.action == "restore":
     restore(ds, runs_dir, carry, out)
   else:
-    allowed, why = seeds_here(ds, carry, out)
+    allowed, why = seeds_to_run(ds, carry, out)
     for seed, reason in why.items():
+      if seed in allowed:
+        print(f"seed {seed} runs here last ({ds.machine.describe()}): {reason}", file=sys.stderr)
+        continue
       print(f"seed {seed} is not for this machine ({ds.machine.describe()}): {reason}",
             file=sys.stderr)
     print(",".join(map(str, allowed)))

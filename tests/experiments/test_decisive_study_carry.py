@@ -187,3 +187,29 @@ def test_a_machine_runs_only_the_seeds_no_other_machine_began(study, carry, tmp_
   monkeypatch.setattr(study.machine, "describe", lambda: "cpu B")
   allowed, why = carry.seeds_here(study, into, out)
   assert allowed == [s for s in every if s != 0] and why == {0: "its runs so far ran on cpu A"}
+
+
+def test_a_machine_with_nothing_else_to_run_finishes_the_seeds_begun_elsewhere_last(
+    study, carry, tmp_path, monkeypatch):
+  _fake_digests(carry, monkeypatch)
+  _, _, out, into, _, _ = _stopped_in_step_8(study, carry, tmp_path, monkeypatch)  # seed 0, cpu A
+  d = study.design(study.load_registration())
+  every = list(d.seeds)
+  monkeypatch.setattr(study.machine, "describe", lambda: "cpu B")
+  helpers._published(out, "mean", 1, helpers._curve(*helpers.MEAN[1]), ladder=0.3,
+                     machine="cpu B")
+  # Seeds not yet whole here: seed 0 (begun on cpu A) waits.
+  assert carry.seeds_to_run(study, into, out)[0] == [s for s in every if s != 0]
+  for seed in every[1:]:
+    for arm in d.arms:
+      if seed in d.arm_seeds(arm) and not study.published(out, study.rms.run_name(arm, seed)):
+        helpers._published(out, arm, seed, helpers._curve(*helpers.MEAN[1]), ladder=0.3,
+                           machine="cpu B")
+  allowed, why = carry.seeds_to_run(study, into, out)
+  assert allowed == every[1:] + [0] and "its remaining runs run here" in why[0]
+  # Once seed 0 is whole too, it is not named again.
+  for arm in d.arms:
+    if 0 in d.arm_seeds(arm) and not study.published(out, study.rms.run_name(arm, 0)):
+      helpers._published(out, arm, 0, helpers._curve(*helpers.MEAN[1]), ladder=0.3,
+                         machine="cpu B")
+  assert carry.seeds_to_run(study, into, out)[0] == every[1:]
