@@ -3,6 +3,7 @@
     python experiments/decisive_study_carry.py save    --study=CLONE --runs_dir=DIR [--carry=DIR]
     python experiments/decisive_study_carry.py restore --study=CLONE --runs_dir=DIR [--carry=DIR]
     python experiments/decisive_study_carry.py seeds   --study=CLONE [--carry=DIR]
+    python experiments/decisive_study_carry.py commit  --study=CLONE [--carry=DIR]
 
 Why: a session's machine goes when the session ends, with the study's runs directory and its
 checkpoints (about 1.5 GiB a run, too large to commit). A matched-steps run takes about two hours
@@ -39,6 +40,10 @@ with nothing else to run finishes them rather than leave the study without a ver
 report leaves such a seed out of the statements that pair its runs across machines
 (`seeds_to_run`).
 
+`commit` commits the published runs not yet committed (and the carry directory's changes), only
+those paths, in the repository that holds `--out`: run in a loop beside the runner, it commits
+each run as it finishes, so that a session cut off before its own commit loses nothing.
+
 The script is not the study's code: it runs from the main checkout with the study clone's
 interpreter, and imports the clone's `experiments/decisive_study.py` for what a run is.
 """
@@ -51,6 +56,7 @@ import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 
@@ -277,10 +283,51 @@ def seeds_to_run(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   return allowed + begun, why
 
 
+def _git(repo: str, *args: str) -> str:
+  done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise SystemExit(f"decisive_study_carry: git {' '.join(args)} failed in {repo}: "
+                     f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+  return done.stdout
+
+
+def commit(ds, carry: str, out: str) -> list[str]:
+  """Commits, in the repository that holds `out`, every published run (and the start) that is
+  not committed yet, with the carry directory's changes; only those paths, whatever else is
+  staged. Returns the runs committed.
+
+  Why: the runner publishes into the main checkout, but a session that is cut off before its
+  own commit leaves its runs uncommitted there, and a machine that is not lent again takes them
+  with it. Called in a loop beside the runner, each run is committed as it finishes."""
+  repo = _git(out, "rev-parse", "--show-toplevel").strip()
+  d = ds.design(ds.load_registration())
+  names = [ds.rms.run_name(arm, seed) for arm, seed in ds.runs_of(d, list(d.arms), list(d.seeds))]
+  paths = [os.path.join(out, n) for n in names if ds.published(out, n)]
+  paths += [p for p in (os.path.join(out, "start"), carry) if os.path.exists(p)]
+  changed = [p for p in paths
+             if _git(repo, "status", "--porcelain", "--untracked-files=all", "--", p).strip()]
+  if not changed:
+    print("nothing to commit: every published run is committed", flush=True)
+    return []
+  runs = [os.path.basename(p) for p in changed if p != carry]
+  machines = sorted({m for p in changed if p != carry and os.path.basename(p) in names
+                     for m in json.load(open(os.path.join(p, "published.json"),
+                                             encoding="utf-8"))["machines"]})
+  done = sum(ds.published(out, n) for n in names)
+  message = (f"Decisive study (#31): {', '.join(runs) or 'the carried records'} published at "
+             f"{ds.rms.real_model()._commit()[:7]}"  # pylint: disable=protected-access
+             + (f" on {', '.join(machines)}" if machines else "")
+             + f" ({done} of {len(names)} registered runs), committed as it finished")
+  _git(repo, "add", "--all", "--", *changed)
+  _git(repo, "commit", "-q", "-m", message, "--", *changed)
+  print(message, flush=True)
+  return runs
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("action", choices=("save", "restore", "seeds"))
+  parser.add_argument("action", choices=("save", "restore", "seeds", "commit"))
   parser.add_argument("--study", required=True, help="the study's clone, at the study's commit")
   parser.add_argument("--runs_dir", help="the runner's --runs_dir (save and restore)")
   parser.add_argument("--carry", default=DEFAULT_CARRY)
@@ -289,7 +336,7 @@ def main(argv=None) -> None:
   if not os.path.isfile(os.path.join(args.study, "experiments", "decisive_study.py")):
     raise SystemExit(f"decisive_study_carry: --study={args.study!r} holds no "
                      "experiments/decisive_study.py; expected the study's clone")
-  if args.action != "seeds" and not args.runs_dir:
+  if args.action in ("save", "restore") and not args.runs_dir:
     raise SystemExit(f"decisive_study_carry: {args.action} needs --runs_dir, the runner's")
   ds = study_modules(os.path.abspath(args.study))
   carry, out = os.path.abspath(args.carry), os.path.abspath(args.out)
@@ -298,6 +345,8 @@ def main(argv=None) -> None:
     save(ds, runs_dir, carry, out)
   elif args.action == "restore":
     restore(ds, runs_dir, carry, out)
+  elif args.action == "commit":
+    commit(ds, carry, out)
   else:
     allowed, why = seeds_to_run(ds, carry, out)
     for seed, reason in why.items():

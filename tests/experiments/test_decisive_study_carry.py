@@ -213,3 +213,29 @@ def test_a_machine_with_nothing_else_to_run_finishes_the_seeds_begun_elsewhere_l
       helpers._published(out, arm, 0, helpers._curve(*helpers.MEAN[1]), ladder=0.3,
                          machine="cpu B")
   assert carry.seeds_to_run(study, into, out)[0] == every[1:]
+
+
+def test_published_runs_are_committed_as_they_finish_and_nothing_else(study, carry, tmp_path,
+                                                                     monkeypatch):
+  for var in ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"):
+    monkeypatch.setenv(var, "t")
+  for var in ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"):
+    monkeypatch.setenv(var, "t@example.com")
+  monkeypatch.setattr(study.rms.real_model(), "_commit", lambda: "c" * 40)
+  repo, _, _ = helpers._registered_repo(study, tmp_path)
+  out, into = os.path.join(repo, "out"), os.path.join(repo, "carried")
+  helpers._published(out, "mean", 0, helpers._curve(*helpers.MEAN[0]), ladder=0.3)
+  os.makedirs(os.path.join(out, "pass_at_k_s0", "eval"))  # publishing: no published.json yet
+  with open(os.path.join(repo, "code.py"), "w", encoding="utf-8") as f:
+    f.write("a = 3\n")
+  helpers._git(repo, "add", "code.py")  # staged by someone else: not the runner's to commit
+  assert carry.commit(study, into, out) == ["mean_s0"]
+  message = helpers._git(repo, "log", "-1", "--format=%s")
+  assert "mean_s0 published at ccccccc on cpu A (1 of 40 registered runs)" in message
+  assert helpers._git(repo, "show", "--name-only", "--format=", "HEAD").split() == [
+      f"out/mean_s0/{f}" for f in sorted(
+          ["attempts.json", "config.json", "evaluations.json", "metrics.jsonl",
+           "published.json", "eval/step_00000004.json", "eval/step_00000008.json",
+           "eval/step_00000012.json", "ladder/step_00000012.json"])]
+  assert helpers._git(repo, "diff", "--cached", "--name-only") == "code.py"
+  assert carry.commit(study, into, out) == []  # nothing twice
