@@ -47,7 +47,7 @@ from ksjax.model.config import DTYPES
 from ksjax.model.layers import Projections
 from ksjax.model.llama import Llama
 # Declared with the trainer's other config sections (config.lora), read here.
-from ksjax.run.spec import LORA_QUANTIZE, LORA_TARGETS, LoraSpec
+from ksjax.lora_options import LORA_QUANTIZE, LORA_TARGETS, LoraSpec
 
 ATTENTION_WEIGHTS = LORA_TARGETS["attention"]
 MLP_WEIGHTS = LORA_TARGETS["mlp"]

@@ -13,7 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
-from ksjax.run.spec import LoraSpec
+from ksjax.lora_options import LoraSpec
 
 from ksjax.model import lora
 from ksjax.run import policy
