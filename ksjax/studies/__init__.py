@@ -1,0 +1,18 @@
+"""Studies: a pre-registration file plus a short declaration; the library does the rest.
+
+A study is its registration (JSON, `ksjax.evaluation.preregistration`: seeds, arms, statements,
+decision rule) and a `Study` (`declaration.py`): what one run is (`work`: the trainer and the eval
+binary at checkpoints, `trainer_runs.py`; or the toy bandit, `bandit_runs.py`), each arm as its
+overrides, the settings the registration fixes and how the report reads. `cli.main(study)` then
+runs the missing runs on an engine (`engines.py`: a local pool of worker processes by default,
+submitit for SLURM), each run trained, evaluated and published by `jobs.py` into the run store
+(`store.py`, never overwriting a published run), then collects and pairs the published runs
+(`analysis.py`), judges them against the registration (`verdicts.py`; no verdict while a
+registered run is missing) and writes the tables, figures and README (`report.py`).
+
+Nothing below this package imports it: it sits above the trainer and the eval binary.
+"""
+
+from ksjax.studies.declaration import Report, Study, StudyError
+
+__all__ = ["Report", "Study", "StudyError"]

@@ -1,0 +1,142 @@
+"""From published runs to per-seed values: curves, pairing within a machine, the statements' data.
+
+Pure functions of the records (and the runs' marks), so that a report is regenerated from what
+is committed and nothing else. Pairing: the arms of a seed share its start, data order and
+sampling seed, and must share a machine (XLA:CPU's numbers depend on the CPU); a statement uses
+a seed only where both of its runs were published from one and the same machine, and the report
+names every seed left out and why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ksjax.studies import store
+from ksjax.studies.declaration import Run, StudyError
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+  values = np.asarray(values, float)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
+  """A curve's value at KL = target, linearly interpolated between the two measured points
+  around it (the step-ordered curve's first crossing); nan where the curve never reaches it, so
+  nothing is extrapolated beyond a measurement."""
+  for i in range(1, len(kl)):
+    lo, hi = kl[i - 1], kl[i]
+    if hi >= target >= lo:
+      t = 0.0 if hi == lo else (target - lo) / (hi - lo)
+      return float(values[i - 1] + t * (values[i] - values[i - 1]))
+  return float("nan")
+
+
+def run_curve(records: Sequence[Mapping[str, Any]], start: Mapping[str, Any] | None,
+              kl_metric: str) -> dict[str, Any]:
+  """{"steps", "kl", "metrics": {name: [...]}}: the start (the shared one, else the run's own
+  step 0) then every checkpoint by step. A group's metric is "<group without '='>/<metric>"
+  ("level3/pass@1" for the eval binary's group "level=3"); the KL at the start is 0."""
+  ordered = sorted(records, key=lambda r: r["step"])
+  if start is not None:
+    ordered = [start] + [r for r in ordered if r["step"] != 0]
+  first = ordered[0]
+  groups = {g.replace("=", ""): g for g in first.get("groups", {})}
+  names = [m for m in first["metrics"] if m != kl_metric and not m.startswith("kl_")] + [
+      f"{g}/{m}" for g, full in groups.items() for m in first["groups"][full]
+      if m != "num_problems"]
+
+  def value(record, name):
+    if "/" in name:
+      group, metric = name.split("/")
+      return record["groups"][groups[group]][metric]
+    return record["metrics"][name]
+
+  return {"steps": [r["step"] for r in ordered],
+          "kl": [0.0 if r is start or r["step"] == 0 else r["metrics"][kl_metric]
+                 for r in ordered],
+          "metrics": {name: [value(r, name) for r in ordered] for name in names}}
+
+
+def missing_runs(out: str, runs: Sequence[Run]) -> list[str]:
+  return [r.name for r in runs if not store.is_published(out, r.name)]
+
+
+def collect(study, out: str, runs: Sequence[Run]) -> dict[str, Any]:
+  """Every run's curve, final values and machine, by arm key in seed order. Refuses (StudyError)
+  while any run is unpublished: a verdict on part of a study is not the registered one."""
+  missing = missing_runs(out, runs)
+  if missing:
+    raise StudyError(
+        f"study {study.name}: {len(missing)} of {len(runs)} registered runs are not published "
+        f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); expected every run "
+        "published before a verdict: run the study again to finish them (--status lists them)")
+  start = study.work.start_record(out)
+  provenance = store.read_json(os.path.join(out, "provenance.json"), {})
+  curves: dict[str, list[dict]] = {}
+  final: dict[str, dict[str, list[float]]] = {}
+  machines: dict[str, list[str | None]] = {}
+  seeds: dict[str, list[int]] = {}
+  for run in runs:
+    curve = run_curve(study.work.records(out, run.name), start, study.work.kl_metric)
+    curves.setdefault(run.key, []).append(curve)
+    values = final.setdefault(run.key, {})
+    for name, series in curve["metrics"].items():
+      values.setdefault(name, []).append(series[-1])
+    values.setdefault("kl", []).append(curve["kl"][-1])
+    # Runs published before marks carried the machine: the study's own (one machine then).
+    machines.setdefault(run.key, []).append(store.read_mark(out, run.name).get(
+        "machine", provenance.get("machine")))
+    seeds.setdefault(run.key, []).append(run.seed)
+  if start is None:  # no shared start: the first run's own step 0 stands for it
+    start = study.work.records(out, runs[0].name)[0]
+  return {"start": start, "curves": curves, "final": final, "machines": machines, "seeds": seeds}
+
+
+def paired_seeds(data: Mapping[str, Any], a: str, b: str, seeds: Sequence[int]
+                 ) -> tuple[list[int], dict[int, str]]:
+  """The seeds both arm keys ran on one machine, and {seed: why} for those left out."""
+  where = {arm: dict(zip(data["seeds"][arm], data["machines"][arm])) for arm in (a, b)}
+  used, left_out = [], {}
+  for seed in seeds:
+    if seed not in where[a] or seed not in where[b]:
+      left_out[seed] = "not run by both arms"
+    elif where[a][seed] != where[b][seed] or where[a][seed] is None:
+      left_out[seed] = f"{a} ran on {where[a][seed]}, {b} on {where[b][seed]}"
+    else:
+      used.append(seed)
+  return used, left_out
+
+
+def statement_values(prereg, data: Mapping[str, Any], prefix: str = ""
+                     ) -> tuple[dict[str, tuple[list[float], list[float]]], dict[str, dict]]:
+  """({statement id: (a's values, b's values)} over its paired seeds in order, {id: left out}).
+
+  "last": the metric at the last checkpoint (every arm runs the same steps: matched steps).
+  "kl": the metric at the held-out KL to the start that every paired run of both arms reaches
+  (the smallest of their final KLs), read off each run's measured curve by interpolating."""
+  out, left = {}, {}
+  for statement in prereg.statements:
+    a, b = (f"{prefix}{arm}" for arm in (statement.a, statement.b))
+    if a not in data["final"] or b not in data["final"]:
+      continue
+    seeds, left_out = paired_seeds(data, a, b, prereg.statement_seeds(statement))
+    if left_out:
+      left[statement.id] = left_out
+    index = {arm: [data["seeds"][arm].index(s) for s in seeds] for arm in (a, b)}
+    if statement.at == "last":
+      if statement.metric not in data["final"][a]:
+        continue
+      out[statement.id] = tuple([data["final"][arm][statement.metric][i] for i in index[arm]]
+                                for arm in (a, b))
+    else:
+      runs = {arm: [data["curves"][arm][i] for i in index[arm]] for arm in (a, b)}
+      target = min(c["kl"][-1] for arm in runs.values() for c in arm)
+      out[statement.id] = tuple(
+          [at_kl(c["kl"], c["metrics"][statement.metric], target) for c in runs[arm]]
+          for arm in (a, b))
+  return out, left

@@ -1,0 +1,120 @@
+"""A study's runs with the trainer and the eval binary: the work of the real studies.
+
+The shared start is one trainer run (`start`: a supervised warm-up, no RL steps) in
+<out>/runs/start, whose policy `start/start` is every run's initial checkpoint and KL reference;
+the eval binary evaluates it as step 0. A run is the trainer (`ksjax.trainer.loop.run`) with its
+arm's config file ("config") and overrides over `common` and `run`, resumed from its newest
+checkpoint after a stop; then the eval binary's runner (`ksjax.evaluation.runner.run`, what
+`python -m ksjax.eval` calls) on every checkpoint without a record, with `evaluation` (over
+configs/eval.py) and the KL to the start on the held-out samples. Overrides are dotted config
+fields: {"synthetic.levels": (2, 3)}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ksjax.run.directory import RunDirectory
+from ksjax.studies import declaration
+from ksjax.studies import store
+
+
+def _config(root: str, path: str, overrides: Mapping[str, Any]):
+  config = declaration.load_module(os.path.join(root, path), "ksjax_study_config").get_config()
+  for field, value in overrides.items():
+    if field == "config":
+      continue
+    *parents, leaf = field.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return config
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerRuns:
+  root: str  # the repository the config paths are relative to
+  start: Mapping[str, Any]  # the start's config file ("config") and overrides
+  common: Mapping[str, Any]  # every run's and the start's
+  run: Mapping[str, Any]  # every run's
+  evaluation: Mapping[str, Any]  # over configs/eval.py
+  kl_metric: str = "kl_k3"
+  has_start: bool = True
+
+  def _start_dir(self, out: str) -> str:
+    return store.run_dir(out, store.START)
+
+  def start_config(self, out: str):
+    return _config(self.root, self.start["config"], {**self.common, **self.start,
+                                                     "workdir": self._start_dir(out)})
+
+  def run_config(self, out: str, name: str, overrides: Mapping[str, Any], seed: int):
+    start = RunDirectory(self._start_dir(out)).start_dir
+    return _config(self.root, overrides["config"], {
+        **self.common, **self.run, **overrides, "workdir": store.run_dir(out, name),
+        "seed": seed, "init_checkpoint": start})
+
+  def eval_config(self, out: str, train_config):
+    config = _config(self.root, "configs/eval.py", {
+        **self.evaluation, "checkpoint_dir": train_config.workdir,
+        "kl_reference": RunDirectory(self._start_dir(out)).start_dir})
+    config.run = train_config
+    return config
+
+  def _eval_dir(self, out: str, train_config) -> str:
+    from ksjax.evaluation import settings  # pylint: disable=g-import-not-at-top
+    name = settings.validate(self.eval_config(out, train_config)).output_name()
+    return RunDirectory(train_config.workdir).eval_dir(name)
+
+  def prepare(self, out: str) -> None:
+    from ksjax import model  # pylint: disable=g-import-not-at-top
+    from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
+    from ksjax.evaluation import settings  # pylint: disable=g-import-not-at-top
+    from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
+    config = self.start_config(out)
+    start = RunDirectory(config.workdir)
+    if not os.path.isdir(start.final_dir):
+      loop.run(config)
+    # The start is a ksjax.model checkpoint, not a trainer step: the eval binary's Evaluator
+    # evaluates it as loaded, with the same settings and estimators as every checkpoint.
+    s = settings.validate(self.eval_config(out, config))
+    evaluator = runner.open_evaluator(s, RunDirectory(config.workdir, start.start_dir),
+                                      runner.open_task(s), self._eval_dir(out, config))
+    policy, _ = model.load_checkpoint(start.start_dir, evaluator.mesh)
+    os.makedirs(evaluator.output_dir, exist_ok=True)
+    evaluator.evaluate_policy(0, policy, start.start_dir)
+
+  def train(self, run) -> None:
+    from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
+    config = self.run_config(run.out, run.name, run.overrides, run.seed)
+    directory = RunDirectory(config.workdir)
+    if not os.path.isdir(directory.final_dir):
+      config.resume = os.path.isdir(directory.steps_dir)
+      loop.run(config)
+
+  def evaluate(self, run) -> None:
+    from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
+    config = self.run_config(run.out, run.name, run.overrides, run.seed)
+    runner.run(self.eval_config(run.out, config))
+
+  def progress(self, run_dir: str) -> tuple[bool, bool]:
+    evaluated = os.path.join(run_dir, "eval")
+    return (RunDirectory(run_dir).has_checkpoints(),
+            os.path.isdir(evaluated) and any(
+                n.startswith("step_") for d in os.listdir(evaluated)
+                for n in os.listdir(os.path.join(evaluated, d))))
+
+  def records(self, out: str, name: str) -> list[dict]:
+    """The eval binary's records of run `name` (its output directory is named by the evaluation
+    settings, the same for every run of the study: the start's)."""
+    from ksjax.evaluation import results  # pylint: disable=g-import-not-at-top
+    evaluated = self._eval_dir(out, self.start_config(out))
+    return results.load_records(os.path.join(store.run_dir(out, name),
+                                             os.path.relpath(evaluated, self._start_dir(out))))
+
+  def start_record(self, out: str) -> dict:
+    return self.records(out, store.START)[0]

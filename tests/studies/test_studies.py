@@ -1,0 +1,168 @@
+"""ksjax.studies on the toy study (experiments/toy_study.py: two arms x three seeds on the bandit):
+kill anywhere and resume, no verdict on a partial study, pairing only within a machine, no
+overwrite of a published run, one line for a bad registration or declaration, and the same records
+from every engine (the local pool, submitit's local and debug executors)."""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from tests import support
+
+from ksjax.studies import cli
+from ksjax.studies import declaration
+from ksjax.studies import jobs
+from ksjax.studies import store
+from ksjax.studies import StudyError
+
+TOY = str(support.REPO / "experiments" / "toy_study.py")
+TIMES = ("cpu_seconds", "train_seconds", "eval_seconds")
+
+
+@pytest.fixture(scope="module")
+def toy():
+  return declaration.load(TOY)
+
+
+@pytest.fixture(scope="module")
+def straight(toy, tmp_path_factory):
+  """The whole toy study, never stopped, on submitit's debug executor (this process)."""
+  out = tmp_path_factory.mktemp("straight") / "study"
+  cli.main(toy, TOY, ["--out", str(out), "--engine", "submitit-debug", "--allow_dirty"])
+  return out
+
+
+def _records(out) -> dict:
+  """Every run's checkpoints, evaluation records and mark (less its times), by path."""
+  found = {}
+  for dirpath, _, names in os.walk(out / "runs"):
+    for name in names:
+      path = os.path.join(dirpath, name)
+      data = json.loads(open(path, encoding="utf-8").read())
+      if name == store.MARK:
+        data = {k: v for k, v in data.items() if k not in TIMES}
+      found[os.path.relpath(path, out)] = data
+  return found
+
+
+def _published(out) -> dict:
+  """The report less what measures time, and every record."""
+  summary = json.loads((out / "summary.json").read_text())
+  for key in ("timing", "runs"):
+    summary.pop(key)
+  readme = (out / "README.md").read_text()
+  return {"summary": summary, "readme": readme[:readme.index("## Time")],
+          "table": (out / "table.md").read_text(), "records": _records(out)}
+
+
+def test_the_toy_study_is_judged_and_regenerates_without_training(toy, straight, capsys):
+  summary = json.loads((straight / "summary.json").read_text())
+  assert set(summary["final"]) == {"mean", "pass_at_k"}
+  assert len(summary["final"]["mean"]["pass@4"]) == 3  # one value per seed
+  assert summary["curves"]["mean"][0]["steps"] == [0, 10, 20, 30, 40]
+  assert {r["id"] for r in summary["statements"]} == {"P1", "S1", "S2"}
+  assert all(r["n"] == 3 for r in summary["statements"])
+  for name in ("README.md", "table.md", "metrics_vs_step.png", "metrics_vs_kl.png",
+               "pass_at_k_vs_k.png", "provenance.json", "timing.json"):
+    assert (straight / name).is_file(), name
+  before = {p: p.read_bytes() for p in straight.rglob("*") if p.is_file()}
+  capsys.readouterr()
+  cli.main(toy, TOY, ["--out", str(straight)])  # every run published: no training, any tree
+  assert "runs to train" not in capsys.readouterr().out
+  after = {p: p.read_bytes() for p in straight.rglob("*") if p.is_file()}
+  assert after == before  # provenance.json and timing.json too: this session ran nothing
+
+
+@pytest.mark.parametrize("engine", ["local", "submitit-local"])
+def test_every_engine_makes_the_same_records(toy, straight, tmp_path, engine):
+  out = tmp_path / engine
+  cli.main(toy, TOY, ["--out", str(out), "--engine", engine, "--seeds", "1", "--workers", "1",
+                      "--allow_dirty"])
+  mine = _records(out)
+  assert len([p for p in mine if p.endswith(store.MARK)]) == 2
+  assert mine == {p: v for p, v in _records(straight).items() if p in mine}
+
+
+def test_a_study_killed_anywhere_publishes_what_an_uninterrupted_one_does(straight, tmp_path):
+  """SIGKILL while training (a run's first checkpoint on disk), while evaluating (its first
+  record), between a run's evaluations and its mark, between summary.json and README.md; each
+  rerun resumes, and the last publishes what the study never stopped published."""
+  stopped = tmp_path / "stopped"
+  command = [sys.executable, TOY, "--out", str(stopped), "--engine", "submitit-debug",
+             "--allow_dirty"]
+  for phase in ("train", "eval", "publish", "report"):
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False,
+                            env={**os.environ, jobs.KILL_ENV: phase})
+    assert killed.returncode == -9, (phase, killed.stdout[-2000:], killed.stderr[-2000:])
+  assert not (stopped / "README.md").exists()  # the report kill came before it
+  final = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+  assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+  assert _published(stopped) == _published(straight)
+
+
+def test_no_verdict_until_every_registered_run_is_published(toy, straight, tmp_path, capsys):
+  out = tmp_path / "partial"
+  shutil.copytree(straight, out)
+  (out / "runs" / "pass_at_k_s2" / store.MARK).unlink()
+  (out / "README.md").unlink()
+  with pytest.raises(SystemExit) as exited:
+    cli.main(toy, TOY, ["--out", str(out), "--report"])  # report what is published, run nothing
+  err = capsys.readouterr().err
+  assert exited.value.code == 2 and err.count("\n") == 1
+  assert "1 of 6 registered runs are not published (pass_at_k_s2); expected every run" in err
+  assert not (out / "README.md").exists()
+
+
+def test_seeds_are_paired_only_within_a_machine(toy, straight, tmp_path):
+  out = tmp_path / "machines"
+  shutil.copytree(straight, out)
+  mark = out / "runs" / "mean_s2" / store.MARK
+  mark.write_text(json.dumps({**json.loads(mark.read_text()), "machine": "another CPU"}))
+  cli.main(toy, TOY, ["--out", str(out)])
+  summary = json.loads((out / "summary.json").read_text())
+  assert {r["id"]: r["n"] for r in summary["statements"]} == {"P1": 2, "S1": 2, "S2": 2}
+  assert summary["left_out"]["P1"]["2"].endswith(", mean on another CPU")
+  assert "P1 leaves out seed 2 (pass_at_k ran on " in (out / "README.md").read_text()
+
+
+def test_a_published_run_is_never_overwritten(toy, straight):
+  mark = straight / "runs" / "mean_s0" / store.MARK
+  before = mark.read_bytes(), mark.stat().st_mtime_ns
+  with pytest.raises(StudyError, match="already published"):
+    store.publish(str(straight), "mean_s0", {"commit": "x"})
+  assert jobs.run_job(TOY, str(straight), "mean", 0) == "mean_s0"  # nothing to do
+  assert (mark.read_bytes(), mark.stat().st_mtime_ns) == before
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{not json", "is not JSON"),
+    (json.dumps({"study": "t", "seeds": [0], "arms": {}, "decision_rule": {},
+                 "primary": []}), "expected a list of two or more distinct integers"),
+])
+def test_a_bad_registration_is_one_line_and_writes_nothing(toy, tmp_path, capsys, text,
+                                                            expected):
+  bad = tmp_path / "bad.json"
+  bad.write_text(text)
+  study = dataclasses.replace(toy, registration=str(bad))
+  with pytest.raises(SystemExit) as exited:
+    cli.main(study, TOY, ["--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err
+  assert exited.value.code == 2 and err.count("\n") == 1 and expected in err and str(bad) in err
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change,argv,expected", [
+    ({"arms": {"mean": {}}}, [], "the registration's arms ['pass_at_k'] are not declared"),
+    ({"arms": {"mean": {}, "pass_at_k": {}, "best": {}}}, [], "arms ['best'] are not in"),
+    ({}, ["--seeds", "0,9"], "--seeds='0,9'; expected a comma-separated subset of [0, 1, 2]"),
+])
+def test_a_bad_declaration_is_one_line(toy, tmp_path, capsys, change, argv, expected):
+  with pytest.raises(SystemExit) as exited:
+    cli.main(dataclasses.replace(toy, **change), TOY, ["--out", str(tmp_path / "o"), *argv])
+  err = capsys.readouterr().err
+  assert exited.value.code == 2 and err.count("\n") == 1 and expected in err
+  assert not (tmp_path / "o").exists()
