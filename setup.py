@@ -46,6 +46,11 @@ TEST_REQUIRES = [
     "ipykernel>=6.29",
 ]
 
+# A study's runs on a cluster (ksjax/studies/engines.py: --engine=slurm); in the test extra too,
+# so that the default suite runs the same engine through submitit's local and debug executors.
+CLUSTER_REQUIRES = ["submitit>=1.5"]
+TEST_REQUIRES += CLUSTER_REQUIRES
+
 # The reasoning_gym task's generators and verifiers (ksjax/tasks/reasoning_gym.py), pinned: the
 # task's verifier review (which datasets run answers as code) and its calibration are of this
 # version. In the test extra too, so that the task's tests run in CI instead of skipping.
@@ -71,5 +76,6 @@ setup(
     packages=find_packages(include=["ksjax", "ksjax.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "bench": BENCH_REQUIRES, "gym": GYM_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "bench": BENCH_REQUIRES, "gym": GYM_REQUIRES,
+                    "cluster": CLUSTER_REQUIRES},
 )
