@@ -141,8 +141,10 @@ def real_model():
 
 
 def tradeoff():
-  """experiments/tradeoff.py: `mean_std` for the end table."""
-  return _experiment("tradeoff")
+  """`mean_std` for the end table and `at_kl`: experiments/tradeoff.py's analysis, now the study
+  library's (ksjax.studies.analysis)."""
+  from ksjax.studies import analysis  # pylint: disable=g-import-not-at-top
+  return analysis
 
 
 def run_name(variant: str, seed: int) -> str:
