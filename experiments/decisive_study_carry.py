@@ -51,14 +51,12 @@ interpreter, and imports the clone's `experiments/decisive_study.py` for what a 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import warnings
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 DEFAULT_CARRY = os.path.join(REPO, "experiments", "results", "decisive_study_carried")
@@ -81,24 +79,9 @@ def study_modules(study: str):
 
 
 def state_digest(step_dir: str) -> str:
-  """sha256 over a checkpoint's training state (parameters, optimizer state, step, skipped-step
-  count, random key): each array's path, dtype, shape and bytes, in path order. Orbax restores
-  the state item without a target. The file manifest (`checksums.sha256.json`) cannot serve:
-  Orbax's metadata files differ between two saves of equal arrays."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  with warnings.catch_warnings():  # "Sharding info not provided": the arrays are read whole
-    warnings.simplefilter("ignore", UserWarning)
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      tree = checkpointer.restore(os.path.abspath(os.path.join(step_dir, "state")))
-  digest = hashlib.sha256()
-  for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(tree)[0],
-                           key=lambda item: jax.tree_util.keystr(item[0])):
-    array = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
-    digest.update(array.tobytes())
-  return digest.hexdigest()
+  """sha256 over a checkpoint's training state (`ksjax.studies.trainer_runs.state_digest`)."""
+  from ksjax.studies import trainer_runs  # pylint: disable=g-import-not-at-top
+  return trainer_runs.state_digest(os.path.join(step_dir, "state"))
 
 
 def training_figures(rows: list[dict]) -> list[dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -83,8 +84,15 @@ class BanditRuns:
     with open(_step_file(directory, step), encoding="utf-8") as f:
       return np.asarray(json.load(f), np.float32)
 
-  def prepare(self, out: str) -> None:
-    del out  # every run starts from the uniform policy: nothing shared to make
+  def prepare(self, out: str, shortened: int | None = None) -> None:
+    del out, shortened  # every run starts from the uniform policy: nothing shared to make
+
+  def schedule(self, overrides: Mapping[str, Any]) -> tuple[int, int]:
+    s = {**self.defaults, **overrides}
+    return s["steps"], s["steps"] // s["checkpoint_every"] + 1
+
+  def shortened(self, overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    return {**overrides, "steps": steps, "checkpoint_every": steps}
 
   def train(self, run) -> None:
     import jax  # pylint: disable=g-import-not-at-top
@@ -125,6 +133,14 @@ class BanditRuns:
   def progress(self, run_dir: str) -> tuple[bool, bool]:
     return (len(_steps_in(os.path.join(run_dir, "checkpoints"))) > 1,
             bool(_steps_in(os.path.join(run_dir, "records"))))
+
+  def carried(self, run_dir: str) -> list[str]:
+    return [os.path.join("records", os.path.basename(_step_file("", s)))
+            for s in _steps_in(os.path.join(run_dir, "records"))]
+
+  def state_digest(self, run_dir: str, step: int) -> str:
+    with open(_step_file(os.path.join(run_dir, "checkpoints"), step), "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
 
   def records(self, out: str, name: str) -> list[dict]:
     directory = os.path.join(out, "runs", name, "records")

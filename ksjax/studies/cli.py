@@ -11,6 +11,11 @@
   --commit               commit each run to git as it is published (a session's machine may go
                          at any time; the next one continues from what was committed)
   --out=DIR              another output directory (default: the declaration's)
+  --budget=STEPS         measure each arm on a STEPS-step run here (a scratch directory, nothing
+                         published) and print the projected CPU-hours; runs nothing else
+  --carry=save|restore   before a machine goes: save the unpublished runs' evaluation records to
+                         --carry_dir (default <out>_carried, to commit); on the next machine:
+                         restore them where this machine retrains the runs to the same states
 
 With every registered run published, the command trains nothing and writes nothing but the
 report, byte for byte the same from the same records; provenance.json and timing.json change
@@ -23,12 +28,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import preregistration
 from ksjax.studies import analysis
+from ksjax.studies import budget
+from ksjax.studies import carry
 from ksjax.studies import declaration as declaration_lib
 from ksjax.studies import engines
 from ksjax.studies import jobs
@@ -52,6 +60,11 @@ def parser(study) -> argparse.ArgumentParser:
   p.add_argument("--report", action="store_true",
                  help="report from the published runs; run nothing (no verdict on a partial study)")
   p.add_argument("--commit", action="store_true", help="git-commit each run as it is published")
+  p.add_argument("--budget", type=int, metavar="STEPS",
+                 help="measure shortened runs and print the projected budget; run nothing else")
+  p.add_argument("--carry", choices=("save", "restore"),
+                 help="carry unpublished runs' records to the next machine")
+  p.add_argument("--carry_dir", help="where carried records go (default: <out>_carried)")
   p.add_argument("--allow_dirty", action="store_true",
                  help="run from a tree with uncommitted changes (provenance says so)")
   for name, kind in (("slurm_partition", str), ("timeout_min", int), ("cpus_per_task", int),
@@ -122,6 +135,16 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
     store.add_time(out, "runs", time.time() - started)
 
 
+def _budget(study, declaration: str, args, prereg, arms, seeds) -> None:
+  """Prints the projected budget from shortened runs in a scratch directory (then removed)."""
+  with tempfile.TemporaryDirectory(prefix=f"{study.name}_budget_") as scratch:
+    measured = budget.measure(study, os.path.abspath(declaration), scratch, arms, args.budget)
+  estimate = budget.projection(study, measured, args.budget, len(seeds))
+  registered = prereg.raw.get("budget", {}).get("cpu_hours")
+  _say(budget.line(estimate, args.workers)
+       + (f"; the registration says about {registered} CPU-hours" if registered else ""))
+
+
 def main(study, declaration: str, argv: Sequence[str] | None = None) -> None:
   """The study's command: run what is missing, then report; exit 2 on bad input."""
   args = parser(study).parse_args(argv)
@@ -135,6 +158,16 @@ def main(study, declaration: str, argv: Sequence[str] | None = None) -> None:
     if args.status:
       print(status(out, runs))
       return
+    if args.budget:
+      _budget(study, declaration, args, prereg, arms, seeds)
+      return
+    if args.carry:
+      carried = args.carry_dir or out.rstrip(os.sep) + "_carried"
+      done = (carry.save(study, out, carried, runs) if args.carry == "save" else
+              carry.restore(study, out, carried, runs))
+      _say(f"carry {args.carry}: {done or 'nothing to carry'} ({carried})")
+      if args.carry == "save":
+        return
     if not args.report:
       run_study(study, os.path.abspath(declaration), args, out, prereg, arms, seeds)
     data = analysis.collect(study, out, runs)

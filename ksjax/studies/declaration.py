@@ -27,8 +27,14 @@ class Work(Protocol):
   kl_metric: str  # the records' metric that measures the distance to the start
   has_start: bool  # whether every run starts from one shared start that `prepare` makes
 
-  def prepare(self, out: str) -> None:
+  def prepare(self, out: str, shortened: int | None = None) -> None:
     """Makes (or finishes) the shared start in <out>/runs/start and evaluates it as step 0."""
+
+  def schedule(self, overrides: Mapping[str, Any]) -> tuple[int, int]:
+    """(steps, checkpoints evaluated) of a run with these overrides."""
+
+  def shortened(self, overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    """The overrides of the same run cut to `steps` steps (the budget's measurement)."""
 
   def train(self, run) -> None:
     """Trains `run` into `run.dir` (resuming from its newest checkpoint)."""
@@ -38,6 +44,12 @@ class Work(Protocol):
 
   def progress(self, run_dir: str) -> tuple[bool, bool]:
     """(a checkpoint is on disk, an evaluation record is on disk): where a kill can land."""
+
+  def carried(self, run_dir: str) -> list[str]:
+    """The run's evaluation records, relative to its directory: what `carry` saves."""
+
+  def state_digest(self, run_dir: str, step: int) -> str:
+    """A digest of the training state at `step`, equal between two runs that reached it alike."""
 
   def records(self, out: str, name: str) -> list[dict]:
     """The run's evaluation records, by step: {"step", "metrics", optionally "groups"}."""

@@ -56,7 +56,10 @@ def run(engine: str, jobs: Sequence[Job], on_done: Callable[[Any], None], *, wor
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     executor.update_parameters(**(cluster_args or {}))
     submitted = [executor.submit(fn, *args) for fn, args in jobs]
-    _finish(submitit.helpers.as_completed(submitted), on_done, len(jobs))
+    # SLURM's accounting is asked every 30 s (submitit's own default is 10); a local job's
+    # state is a file, read every half second.
+    poll = 30.0 if engine == "slurm" else 0.5
+    _finish(submitit.helpers.as_completed(submitted, poll_frequency=poll), on_done, len(jobs))
 
 
 def _finish(finished, on_done: Callable[[Any], None], count: int) -> None:

@@ -58,25 +58,30 @@ def maybe_stop(phase: str, when: Callable[[], bool] | None = None) -> None:
   threading.Thread(target=watch, daemon=True).start()
 
 
-def prepare_job(declaration: str, out: str) -> None:
-  """Makes the start every run shares, where the work has one, and marks it done."""
+def prepare_job(declaration: str, out: str, shortened: int | None = None) -> None:
+  """Makes the start every run shares, where the work has one, and marks it done (`shortened`:
+  a few steps of it, for the budget)."""
   study = declaration_lib.load(declaration)
   if not study.work.has_start or store.is_published(out, store.START):
     return
   started = time.time()
-  study.work.prepare(out)
+  study.work.prepare(out, shortened)
   store.add_time(out, "start", time.time() - started)
   store.publish(out, store.START, {"seconds": time.time() - started})
 
 
-def run_job(declaration: str, out: str, arm: str, seed: int) -> str:
+def run_job(declaration: str, out: str, arm: str, seed: int, shortened: int | None = None
+            ) -> str:
   """Trains, evaluates and publishes one run; returns its name. A published run is left as it
-  is."""
+  is. `shortened`: the run cut to that many steps (`budget`), never in a study's directory."""
   study = declaration_lib.load(declaration)
   run = declaration_lib.Run(arm, seed, study.prefix)
   if store.is_published(out, run.name):
     return run.name
-  context = RunContext(out, run.name, arm, seed, study.arms[arm])
+  overrides = study.arms[arm]
+  if shortened:
+    overrides = study.work.shortened(overrides, shortened)
+  context = RunContext(out, run.name, arm, seed, overrides)
   cpu, started = store.cpu_seconds(), time.time()
   maybe_stop("train", lambda: study.work.progress(context.dir)[0])
   study.work.train(context)

@@ -35,6 +35,29 @@ def _config(root: str, path: str, overrides: Mapping[str, Any]):
   return config
 
 
+def state_digest(state_dir: str) -> str:
+  """sha256 over a checkpoint's training state (parameters, optimizer state, step, random key):
+  each array's path, dtype, shape and bytes, in path order. Orbax restores the state item
+  without a target. Orbax's own file manifest cannot serve: its metadata files differ between
+  two saves of equal arrays."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():  # "Sharding info not provided": the arrays are read whole
+    warnings.simplefilter("ignore", UserWarning)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      tree = checkpointer.restore(os.path.abspath(state_dir))
+  digest = hashlib.sha256()
+  for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(tree)[0],
+                           key=lambda item: jax.tree_util.keystr(item[0])):
+    array = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerRuns:
   root: str  # the repository the config paths are relative to
@@ -70,12 +93,23 @@ class TrainerRuns:
     name = settings.validate(self.eval_config(out, train_config)).output_name()
     return RunDirectory(train_config.workdir).eval_dir(name)
 
-  def prepare(self, out: str) -> None:
+  def schedule(self, overrides: Mapping[str, Any]) -> tuple[int, int]:
+    """Steps, and checkpoints evaluated: every `checkpoint_every`, and step 1 (the trainer's
+    checkpoint manager saves a run's first step)."""
+    s = {**self.run, **overrides}
+    return s["num_steps"], s["num_steps"] // s["checkpoint_every"] + (s["checkpoint_every"] > 1)
+
+  def shortened(self, overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    return {**overrides, "num_steps": steps, "checkpoint_every": steps, "keep_checkpoints": 2}
+
+  def prepare(self, out: str, shortened: int | None = None) -> None:
     from ksjax import model  # pylint: disable=g-import-not-at-top
     from ksjax.evaluation import runner  # pylint: disable=g-import-not-at-top
     from ksjax.evaluation import settings  # pylint: disable=g-import-not-at-top
     from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
     config = self.start_config(out)
+    if shortened:
+      config.sft_warmup.steps = min(config.sft_warmup.steps, shortened)
     start = RunDirectory(config.workdir)
     if not os.path.isdir(start.final_dir):
       loop.run(config)
@@ -107,6 +141,16 @@ class TrainerRuns:
             os.path.isdir(evaluated) and any(
                 n.startswith("step_") for d in os.listdir(evaluated)
                 for n in os.listdir(os.path.join(evaluated, d))))
+
+  def carried(self, run_dir: str) -> list[str]:
+    evaluated = os.path.join(run_dir, "eval")
+    if not os.path.isdir(evaluated):
+      return []
+    return sorted(os.path.join("eval", d, n) for d in os.listdir(evaluated)
+                  for n in os.listdir(os.path.join(evaluated, d)) if n.startswith("step_"))
+
+  def state_digest(self, run_dir: str, step: int) -> str:
+    return state_digest(RunDirectory(run_dir).state_dir(step))
 
   def records(self, out: str, name: str) -> list[dict]:
     """The eval binary's records of run `name` (its output directory is named by the evaluation

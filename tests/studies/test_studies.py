@@ -80,10 +80,10 @@ def test_the_toy_study_is_judged_and_regenerates_without_training(toy, straight,
 @pytest.mark.parametrize("engine", ["local", "submitit-local"])
 def test_every_engine_makes_the_same_records(toy, straight, tmp_path, engine):
   out = tmp_path / engine
-  cli.main(toy, TOY, ["--out", str(out), "--engine", engine, "--seeds", "1", "--workers", "1",
-                      "--allow_dirty"])
+  cli.main(toy, TOY, ["--out", str(out), "--engine", engine, "--seeds", "1", "--arms",
+                      "pass_at_k", "--workers", "1", "--allow_dirty"])
   mine = _records(out)
-  assert len([p for p in mine if p.endswith(store.MARK)]) == 2
+  assert [p for p in mine if p.endswith(store.MARK)] == [f"runs/pass_at_k_s1/{store.MARK}"]
   assert mine == {p: v for p, v in _records(straight).items() if p in mine}
 
 
@@ -166,3 +166,43 @@ def test_a_bad_declaration_is_one_line(toy, tmp_path, capsys, change, argv, expe
   err = capsys.readouterr().err
   assert exited.value.code == 2 and err.count("\n") == 1 and expected in err
   assert not (tmp_path / "o").exists()
+
+
+def test_carried_records_come_back_only_where_the_run_is_retrained_alike(toy, straight, tmp_path,
+                                                                         capsys):
+  """An unpublished run's records are saved before its machine goes; the next machine (here: the
+  same one, its run directory lost) trains the run again, finds the same states and takes the
+  records back; a record carried from another machine is not taken."""
+  from ksjax.studies import carry
+  out, carried = tmp_path / "study", tmp_path / "carried"
+  run = declaration.runs_of(toy, ["pass_at_k"], [1])[0]
+  context = jobs.RunContext(str(out), run.name, run.arm, run.seed, toy.arms[run.arm])
+  toy.work.train(context)
+  toy.work.evaluate(context)  # evaluated, not yet published: the machine went here
+  assert carry.save(toy, str(out), str(carried), [run]) == [run.name]
+  shutil.rmtree(out)
+  assert carry.restore(toy, str(out), str(carried), [run])[run.name].startswith(
+      "trained again with the same state at steps [0, 10, 20, 30, 40]: 5 records restored")
+  cli.main(toy, TOY, ["--out", str(out), "--seeds", "1", "--arms", "pass_at_k", "--allow_dirty"])
+  assert _records(out) == {p: v for p, v in _records(straight).items() if p in _records(out)}
+  info = carried / run.name / carry.CARRIED
+  info.write_text(json.dumps({**json.loads(info.read_text()), "machine": "another CPU"}))
+  shutil.rmtree(out)
+  outcome = carry.restore(toy, str(out), str(carried), [run])[run.name]
+  assert outcome.startswith("carried from 'another CPU'") and "evaluated afresh" in outcome
+  assert not (out / "runs" / run.name / "records").exists()
+  assert len((carried / carry.RESTORES).read_text().splitlines()) == 2
+
+
+def test_the_budget_is_measured_on_shortened_runs(toy, tmp_path):
+  from ksjax.studies import budget
+  measured = budget.measure(toy, TOY, str(tmp_path), ["mean"], 10)
+  assert measured["mean"]["cpu_seconds"] > 0
+  assert sorted(os.listdir(tmp_path / "runs" / "mean_s0" / "records")) == [
+      "step_00000000.json", "step_00000010.json"]  # 10 steps, one checkpoint
+  estimate = budget.projection(toy, measured, 10, 3)
+  per_run = estimate["arms"]["mean"]["wall_seconds_per_run"]
+  # training scales with 40/10 steps, evaluation with 5/2 checkpoints
+  assert per_run == pytest.approx(measured["mean"]["train_seconds"] * 4
+                                  + measured["mean"]["eval_seconds"] * 2.5)
+  assert estimate["cpu_hours"] > 0
