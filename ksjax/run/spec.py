@@ -12,7 +12,8 @@ Everything below the entry points reads a `TrainSpec`, one spec per concern,
   SamplingSpec   Algorithm 1's step (ii): B prompts, n completions each, how they are drawn;
   EstimatorSpec  the k-sample objective and its estimator (`ksjax.objectives`);
   LossSpec       the policy-gradient stack and how completions become optimizer steps;
-  OptimizerSpec  AdamW, its schedule and clipping (`build()` gives the optax transformation);
+  OptimizerSpec  AdamW or SGD, its schedule and clipping (`build()` gives the optax
+                 transformation);
   RunSpec        seed, work directory, mesh, length, logging and checkpoints;
   WarmupSpec     config.sft_warmup, the optional supervised warm-up;
   HeldOutSpec    config.eval, the held-out evaluation at the start and the end of a run.
@@ -566,8 +567,12 @@ class LossSpec(cf.Spec):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec(cf.Spec):
-  """AdamW with a linear warm-up to a constant learning rate and global-norm clipping."""
-  learning_rate: float = field(1e-3, "AdamW's learning rate after the warm-up", lo=0.0,
+  """AdamW (or plain SGD) with a linear warm-up to a constant learning rate and global-norm
+  clipping."""
+  optimizer: str = field("adamw", "the update rule: 'adamw' (Adam's per-coordinate "
+                         "normalisation, decoupled weight decay) or 'sgd' (plain gradient "
+                         "descent: no momentum, no normalisation)", choices=("adamw", "sgd"))
+  learning_rate: float = field(1e-3, "the learning rate after the warm-up", lo=0.0,
                                lo_open=True)
   lr_warmup_steps: int = field(5, "steps of the linear warm-up from 0", lo=0)
   weight_decay: float = field(0.0, "AdamW's decoupled weight decay (matrices only)", lo=0.0)
@@ -587,15 +592,19 @@ class OptimizerSpec(cf.Spec):
 
   def build(self):
     """The optax transformation. Weight decay applies to matrices only (not to norm scales or
-    the value bias), as is usual."""
+    the value bias), as is usual; with SGD it is added to the gradient (L2), as optax does."""
     import jax  # pylint: disable=g-import-not-at-top
     import optax  # pylint: disable=g-import-not-at-top
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    adamw = optax.adamw(self.schedule(), b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps,
-                        weight_decay=self.weight_decay, mask=decay_mask)
+    if self.optimizer == "sgd":
+      rule = optax.chain(optax.add_decayed_weights(self.weight_decay, mask=decay_mask),
+                         optax.sgd(self.schedule()))
+    else:
+      rule = optax.adamw(self.schedule(), b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps,
+                         weight_decay=self.weight_decay, mask=decay_mask)
     if self.max_grad_norm is None:
-      return adamw
-    return optax.chain(optax.clip_by_global_norm(self.max_grad_norm), adamw)
+      return rule
+    return optax.chain(optax.clip_by_global_norm(self.max_grad_norm), rule)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import typing
 
+import numpy as np
 import pytest
 from ml_collections import config_dict
 
@@ -195,6 +196,27 @@ def test_the_optimizer_spec_builds_the_schedule_it_describes():
   schedule = spec.schedule()
   assert [float(schedule(i)) for i in (0, 2, 4, 10)] == [0.0, 0.25, 0.5, 0.5]
   assert float(spec_lib.OptimizerSpec(learning_rate=0.5, lr_warmup_steps=0).schedule()(0)) == 0.5
+
+
+def test_the_optimizer_is_adamw_or_plain_sgd():
+  """SGD's update is the (clipped) gradient times the learning rate; Adam's first update is the
+  learning rate times the gradient's sign (bias-corrected m / sqrt(v)), whatever its size."""
+  import jax.numpy as jnp
+  grads = {"w": jnp.array([[3.0, -4.0]]), "b": jnp.array([1e-3])}
+  params = {"w": jnp.zeros((1, 2)), "b": jnp.zeros(1)}
+  for name, expected in (("sgd", {"w": [[-0.3 * 0.6, 0.3 * 0.8]], "b": [-0.3 * 1e-3 / 5]}),
+                         ("adamw", {"w": [[-0.3, 0.3]], "b": [-0.3]})):
+    spec = spec_lib.OptimizerSpec(optimizer=name, learning_rate=0.3, lr_warmup_steps=0,
+                                  max_grad_norm=1.0)  # the norm is 5: clipped to 1
+    tx = spec.build()
+    updates, _ = tx.update(grads, tx.init(params), params)
+    for key in grads:
+      np.testing.assert_allclose(updates[key], expected[key], rtol=1e-4, atol=1e-9)
+  with pytest.raises(ConfigError, match="config.optimizer='adam'"):
+    spec_lib.OptimizerSpec(optimizer="adam")
+  config = run_config.embedded_task_config()
+  config.optimizer = "sgd"
+  assert spec_lib.from_config(config).optimizer.optimizer == "sgd"
 
 
 def test_configs_load_without_jax():
