@@ -1,6 +1,6 @@
 """A toy study, the example of a study that is nothing but its registration and this declaration.
 
-  python experiments/toy_study.py --out=/tmp/toy       # seconds; on a cluster: --engine=slurm
+  python experiments/toy_study.py     # seconds, into runs/toy_study/; on a cluster: --engine=slurm
 
 Two arms (mean-reward and pass@4 training) x three seeds on the softmax bandit
 (`ksjax.studies.bandit_runs`), registered in `experiments/preregistration/toy_bandit.json`;
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STUDY = studies.Study(
     name="toy_bandit", root=ROOT, registration="experiments/preregistration/toy_bandit.json",
-    out="experiments/results/toy_study", command="python experiments/toy_study.py",
+    out="runs/toy_study", command="python experiments/toy_study.py",
     seeds=(0, 1, 2), workers=2,
     settings={"steps": 40, "checkpoint_every": 10}, registered_fields=("steps", "checkpoint_every"),
     arms={"mean": {"aggregator": "mean", "baseline": "loo"},

@@ -87,23 +87,6 @@ def test_every_engine_makes_the_same_records(toy, straight, tmp_path, engine):
   assert mine == {p: v for p, v in _records(straight).items() if p in mine}
 
 
-def test_a_study_killed_anywhere_publishes_what_an_uninterrupted_one_does(straight, tmp_path):
-  """SIGKILL while training (a run's first checkpoint on disk), while evaluating (its first
-  record), between a run's evaluations and its mark, between summary.json and README.md; each
-  rerun resumes, and the last publishes what the study never stopped published."""
-  stopped = tmp_path / "stopped"
-  command = [sys.executable, TOY, "--out", str(stopped), "--engine", "submitit-debug",
-             "--allow_dirty"]
-  for phase in ("train", "eval", "publish", "report"):
-    killed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False,
-                            env={**os.environ, jobs.KILL_ENV: phase})
-    assert killed.returncode == -9, (phase, killed.stdout[-2000:], killed.stderr[-2000:])
-  assert not (stopped / "README.md").exists()  # the report kill came before it
-  final = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-  assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
-  assert _published(stopped) == _published(straight)
-
-
 def test_no_verdict_until_every_registered_run_is_published(toy, straight, tmp_path, capsys):
   out = tmp_path / "partial"
   shutil.copytree(straight, out)
@@ -206,3 +189,56 @@ def test_the_budget_is_measured_on_shortened_runs(toy, tmp_path):
   assert per_run == pytest.approx(measured["mean"]["train_seconds"] * 4
                                   + measured["mean"]["eval_seconds"] * 2.5)
   assert estimate["cpu_hours"] > 0
+
+
+
+def _new_repository(path):
+  """A repository holding nothing but the toy study's declaration and registration, committed."""
+  (path / "experiments" / "preregistration").mkdir(parents=True)
+  shutil.copy(TOY, path / "experiments")
+  shutil.copy(support.REPO / "experiments" / "preregistration" / "toy_bandit.json",
+              path / "experiments" / "preregistration")
+  git = lambda *args: subprocess.run(
+      ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args], cwd=path,
+      check=True, capture_output=True, text=True).stdout
+  git("init", "-q")
+  git("add", ".")
+  git("commit", "-q", "-m", "registration and declaration")
+  return git
+
+
+def test_a_new_study_is_two_files_killed_anywhere_it_resumes_and_commits_each_run(straight,
+                                                                                   tmp_path):
+  """The toy study's two files alone, in a repository of their own, run as registered. Killed
+  (SIGKILL) while training (a run's first checkpoint on disk), while evaluating (its first
+  record), between a run's evaluations and its mark, and between summary.json and README.md,
+  each rerun resumes; the last publishes the numbers and records of a study never stopped, and
+  --commit has committed every run as it was published."""
+  repo = tmp_path / "repo"
+  git = _new_repository(repo)
+  command = [sys.executable, "experiments/toy_study.py", "--engine", "submitit-debug", "--commit"]
+  env = {**os.environ, "PYTHONPATH": str(support.REPO), **{
+      f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+      for what, value in (("NAME", "t"), ("EMAIL", "t@example.com"))}}
+  for phase in ("train", "eval", "publish", "report"):
+    killed = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300,
+                            check=False, env={**env, jobs.KILL_ENV: phase})
+    assert killed.returncode == -9, (phase, killed.stdout[-2000:], killed.stderr[-2000:])
+  out = repo / "runs" / "toy_study"
+  assert not (out / "README.md").exists()  # the report kill came before it
+  final = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300,
+                         check=False, env=env)
+  assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+  mine, theirs = _published(out), _published(straight)
+  code = lambda records: {p: {k: v for k, v in r.items() if k not in ("commit",
+                                                                       "uncommitted_changes")}
+                          if p.endswith(store.MARK) else r for p, r in records.items()}
+  assert code(mine["records"]) == code(theirs["records"])  # each run's commit is its own here
+  assert mine["table"] == theirs["table"]
+  for key in ("final", "curves", "start", "departures"):
+    assert mine["summary"][key] == theirs["summary"][key], key
+  assert "Every statement was judged as pre-registered" in mine["readme"]
+  assert "the registration precedes every run" in mine["readme"]
+  published = [line for line in git("log", "--format=%s").splitlines() if " published at " in line]
+  assert sorted(line.split()[1] for line in published) == sorted(
+      f"{arm}_s{seed}" for arm in ("mean", "pass_at_k") for seed in (0, 1, 2))
