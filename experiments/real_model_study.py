@@ -798,6 +798,15 @@ def report(out: str, variants, seeds, *, quick: bool, partial: bool) -> None:
       "commit": real_model()._commit(),  # pylint: disable=protected-access
       "runs": {name: _published_json(out, name, "attempts.json") for name in names},
       "evaluations": {name: _published_json(out, name, "eval_commits.json") for name in names}}
+  # A regeneration from the same published runs keeps the commit that reported them (#64): the
+  # report's commit changes only when its runs do.
+  old = os.path.join(out, "provenance.json")
+  if os.path.exists(old):
+    with open(old, encoding="utf-8") as f:
+      before = json.load(f)
+    if {k: before.get(k) for k in ("runs", "evaluations")} == {
+        k: provenance[k] for k in ("runs", "evaluations")} and before.get("commit"):
+      provenance["commit"] = before["commit"]
   os.makedirs(out, exist_ok=True)
   files.write_json(os.path.join(out, "provenance.json"), provenance)
   files.write_json(os.path.join(out, "summary.json"),
