@@ -23,13 +23,31 @@ unless the user chose it or asked for log lines (`quiet_library_info`); warnings
 
 The boundary is also where every binary turns on JAX's persistent compilation cache, before its
 first compilation (`ksjax.compilation_cache`; KSJAX_COMPILATION_CACHE moves it or turns it off).
+
+A full disk. A write that fails for want of space (ENOSPC, EDQUOT, or EFBIG: a file larger than
+the file system or the process's file size limit allows) is neither bad input nor a bug: it is
+one line too, `<program>: <what failed>, how much space it needed, what is left whole`, with exit
+status 74 (sysexits' EX_IOERR) and no traceback. The places that know what they were writing
+raise `DiskFull` with that line (`disk_full`: a checkpoint, the step log, any file of
+`ksjax.files`); a disk-full error from anywhere else gets a line naming the error. The libraries'
+own reports of the same failure are dropped, since the line says it: Orbax's ERROR log record of
+its failed write thread, and the unraisable exceptions a failed Orbax save or restore leaves
+behind (`is_orbax_leftover`).
+
+A run stopped by SIGTERM or SIGINT after saving (`ksjax.stopping.Stopped`) is a SystemExit with
+status 128 + the signal, and passes the boundary as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
+import re
+import shutil
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +55,7 @@ from typing import Any
 from ksjax import compilation_cache
 
 EXIT_INPUT = 2
+EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: an input/output error (a full disk), not bad input
 
 # (module, class) of each exception type that means "the input is not what ksjax accepts".
 # Resolved only among modules already imported (`input_error_types`): an exception can only have
@@ -80,6 +99,147 @@ def exit_input_error(prog: str, error: BaseException) -> None:
   """Prints the one line on stderr and exits with status 2."""
   print(message(prog, error), file=sys.stderr, flush=True)
   sys.exit(EXIT_INPUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+# ---------------------------------------------------------------------------------------------
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# TensorStore (Orbax's array writer) reports a failed write as a ValueError whose text ends with
+# the OS error's number: `... Failed to write 61918 bytes to file 7: File too large
+# [os_error_code='27']`.
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+class DiskFull(Exception):
+  """A write failed for want of space; the message says what failed, how much space it needed
+  and what is left whole (`disk_full`)."""
+
+
+def _errno_in_text(text: str) -> int | None:
+  for match in _OS_ERROR_CODE.finditer(text):
+    if int(match.group(1)) in DISK_FULL_ERRNOS:
+      return int(match.group(1))
+  return None
+
+
+def disk_full_errno(error: BaseException | None) -> int | None:
+  """ENOSPC, EDQUOT or EFBIG when `error`, or an exception it was raised from or while handling
+  (or a member of an exception group), is that OSError or TensorStore's report of one; else
+  None."""
+  seen: set[int] = set()
+  stack = [error]
+  while stack:
+    e = stack.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+      return e.errno
+    code = _errno_in_text(str(e))
+    if code is not None:
+      return code
+    stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+  return None
+
+
+def size_text(nbytes: float) -> str:
+  """1536 -> '1.5 KiB'."""
+  for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+    if abs(nbytes) < 1024 or unit == "TiB":
+      return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+    nbytes /= 1024
+  raise AssertionError("unreachable")
+
+
+def _free_text(where: str) -> str:
+  folder = os.path.abspath(where)
+  while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+    folder = os.path.dirname(folder)
+  try:
+    return f"{size_text(shutil.disk_usage(folder).free)} free there"
+  except OSError:
+    return "the free space unknown"
+
+
+def disk_full(what: str, error: BaseException, *, needs: int | None, where: str, left: str,
+              at_least: bool = False) -> DiskFull | None:
+  """The DiskFull to raise for `error` when it is a disk-full error (`disk_full_errno`), else
+  None: '<what> failed (<the OS error>): it needs <needs>, <free space> there; <left>'.
+
+  Args:
+    what: what was being written ("checkpoint 12 in runs/x/checkpoints").
+    error: the exception the write raised.
+    needs: the bytes the write needed (a checkpoint: its size estimate); None if unknown.
+    where: the path written, whose file system's free space the line gives.
+    left: what is whole and how to go on.
+    at_least: `needs` is what was written before the failure, so the least it needed.
+  """
+  code = disk_full_errno(error)
+  if code is None:
+    return None
+  reason = os.strerror(code)
+  if code == errno.EFBIG:
+    reason += ": larger than the file system or the file size limit (ulimit -f) allows"
+  needed = ("" if needs is None else
+            f"it needs {'more than ' if at_least else ''}{size_text(needs)}, ")
+  return DiskFull(f"{what} failed ({reason}): {needed}{_free_text(where)}; {left}")
+
+
+def disk_full_line(error: BaseException) -> str | None:
+  """The one line for a disk-full failure that reached the boundary: the first `DiskFull`
+  among `error` and the exceptions it was raised while handling (a `finally` block that failed
+  in turn on the same full disk), else a line naming the error; None for any other failure."""
+  e: BaseException | None = error
+  while e is not None:
+    if isinstance(e, DiskFull):
+      return one_line(e)
+    e = e.__context__
+  code = disk_full_errno(error)
+  if code is None:
+    return None
+  return (f"a write failed ({os.strerror(code)}): {one_line(error)[:300]}; free space and run "
+          "the command again (a training run: with --config.resume=True)")
+
+
+def _no_disk_full_report(record: logging.LogRecord) -> bool:
+  """A logging filter: False for a library's log record of a disk-full failure (the boundary's
+  line says it)."""
+  try:
+    if record.exc_info and disk_full_errno(record.exc_info[1]) is not None:
+      return False  # (Orbax's "Save Finalize thread failed", with the write's error)
+    return _errno_in_text(record.getMessage()) is None
+  except Exception:  # pylint: disable=broad-except
+    return True
+
+
+def is_orbax_leftover(unraisable) -> bool:
+  """Whether an unraisable exception is what a failed Orbax save or restore leaves behind: a
+  TensorStore callback onto Orbax's event loop, already closed ("Event loop is closed", raised in
+  asyncio's `_check_closed`), or one of Orbax's read coroutines, abandoned by the failure, raising
+  as it is finalized. ksjax does not use asyncio or coroutines itself; Orbax does."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
+  code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def drop_orbax_leftovers() -> None:
+  """Installs a sys.unraisablehook that drops `is_orbax_leftover` exceptions (tracebacks about a
+  failure already reported) and passes every other one to the hook it replaces."""
+  report = sys.unraisablehook
+  if getattr(report, "drops_orbax_leftovers", False):  # installed already
+    return
+
+  def hook(unraisable) -> None:
+    if not is_orbax_leftover(unraisable):
+      report(unraisable)
+
+  hook.drops_orbax_leftovers = True
+  sys.unraisablehook = hook
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,18 +410,26 @@ def boundary(prog: str, main: Callable[[list[str]], Any],
              extra: tuple[type[BaseException], ...] = ()) -> Callable[[list[str]], Any]:
   """`main` (for `absl.app.run`) with the boundary: an input error (`INPUT_ERRORS`, or one of
   `extra`) becomes one line on stderr and exit status 2, with the libraries' log lines of the
-  start dropped; anything else propagates with its traceback, after the held lines. Library INFO
+  start dropped; a full disk one line and exit status 74 (`disk_full_line`); anything else
+  propagates with its traceback, after the held lines. Library INFO
   lines print only when asked for (`quiet_library_info`). JAX's persistent compilation cache is
   set up here, before `main` compiles anything (`ksjax.compilation_cache`)."""
 
   def wrapped(argv: list[str]) -> Any:
     quiet_library_info()  # before the hold: see there
+    logging.getLogger("absl").addFilter(_no_disk_full_report)  # Orbax logs through absl's
+    drop_orbax_leftovers()
     hold = LogHold(release_on_stdout=True)
     _BOUNDARY.append(hold)
     try:
       compilation_cache.configure(prog)
       return main(argv)
     except Exception as e:  # pylint: disable=broad-except
+      full = disk_full_line(e)
+      if full is not None:
+        hold.discard()
+        print(f"{prog}: {full}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_DISK_FULL)
       if not isinstance(e, input_error_types(extra)):
         raise
       hold.discard()

@@ -3,7 +3,9 @@
 Every file ksjax writes outside Orbax (run directories' JSON and tables, evaluation results,
 figures, metric logs, the bandit study's report) goes through `atomic_write`: the content is
 written to a temporary file in the same folder, which is then renamed over the target (a rename
-within one file system is atomic on POSIX), and removed if writing fails.
+within one file system is atomic on POSIX), and removed if writing fails. A write that fails for
+want of space (`ksjax.errors.disk_full`) is raised as `DiskFull`, one line naming the file and the
+bytes it needed; the file is left as it was.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ksjax import errors
 
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-  """Calls write(temporary_path) in path's folder, then renames the result to path."""
+
+def atomic_write(path: str, write: Callable[[str], None], *, size: int | None = None) -> None:
+  """Calls write(temporary_path) in path's folder, then renames the result to path.
+
+  `size`: the bytes `write` writes, when known, for the line a full disk gives (else the bytes it
+  had written when it failed, as "at least")."""
   folder, name = os.path.split(os.path.abspath(path))
   root, extension = os.path.splitext(name)
   fd, tmp = tempfile.mkstemp(prefix=f".{root}.", suffix=f".tmp{extension}", dir=folder)
@@ -29,9 +36,15 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     write(tmp)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
+    written = os.path.getsize(tmp)
     os.unlink(tmp)
-    raise
+    full = errors.disk_full(f"writing {path}", e, needs=written if size is None else size,
+                            at_least=size is None, where=folder,
+                            left=f"{name} is as it was (a file is written whole or not at all)")
+    if full is None:
+      raise
+    raise full from None
 
 
 @contextlib.contextmanager
@@ -53,10 +66,12 @@ def new_directory(out: str) -> Iterator[str]:
 
 
 def write_text(path: str, text: str) -> None:
+  data = text.encode("utf-8")
+
   def write(tmp: str) -> None:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-  atomic_write(path, write)
+    with open(tmp, "wb") as f:
+      f.write(data)
+  atomic_write(path, write, size=len(data))
 
 
 def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = False) -> None:

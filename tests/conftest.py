@@ -15,9 +15,7 @@ KSJAX_COMPILATION_CACHE already set is kept.
 import atexit
 import os
 import shutil
-import sys
 import tempfile
-import traceback
 
 import pytest
 
@@ -33,30 +31,17 @@ if "KSJAX_COMPILATION_CACHE" not in os.environ:
 # The test processes themselves use the same cache, as the binaries do: many tests compile the
 # same programs (a tiny model's update, sampler and evaluation), and the two xdist workers and
 # the binaries each compiled them again (17% of the suite's wall time on a 2-core EPYC).
-from ksjax import compilation_cache  # pylint: disable=g-import-not-at-top
+from ksjax import compilation_cache, errors  # pylint: disable=g-import-not-at-top
 
 compilation_cache.configure("pytest")
 
 
-def is_orbax_leftover(unraisable) -> bool:
-  """Whether an unraisable exception is what a failed Orbax restore leaves behind: a TensorStore
-  callback onto Orbax's event loop, already closed ("Event loop is closed", raised in asyncio's
-  `_check_closed`), or one of Orbax's read coroutines, abandoned by the failure, raising as it is
-  finalized. ksjax does not use asyncio or coroutines itself; Orbax does."""
-  error = unraisable.exc_value
-  if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-    frames = traceback.extract_tb(unraisable.exc_traceback)
-    return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
-  code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
-  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-
-
 @pytest.hookimpl(trylast=True)  # after pytest's own unraisable-exception plugin installs its hook
 def pytest_configure(config):
-  """Drops failed Orbax restores' leftovers (`is_orbax_leftover`) before pytest's unraisable hook
-  sees them: for every test and the whole session, as they arrive late (during a later test, or
-  at the session's end) and from any test that makes a restore fail (the fuzz, checksum and eval
-  binary tests damage checkpoints on purpose).
+  """Drops failed Orbax restores' leftovers (`ksjax.errors.is_orbax_leftover`) before pytest's
+  unraisable hook sees them: for every test and the whole session, as they arrive late (during a
+  later test, or at the session's end) and from any test that makes a restore fail (the fuzz,
+  checksum and eval binary tests damage checkpoints on purpose).
 
   A failed restore leaves TensorStore reads running; their callbacks, on TensorStore's own threads
   and after the exception, report "Event loop is closed" to sys.unraisablehook. pytest's hook
@@ -71,10 +56,4 @@ def pytest_configure(config):
   config.addinivalue_line(
       "filterwarnings",
       "ignore:coroutine '_read_array_index_and_device_put' was never awaited:RuntimeWarning")
-  report = sys.unraisablehook
-
-  def hook(unraisable) -> None:
-    if not is_orbax_leftover(unraisable):
-      report(unraisable)
-
-  sys.unraisablehook = hook
+  errors.drop_orbax_leftovers()  # the binaries' own hook (their boundary installs it too)

@@ -29,6 +29,13 @@ unreadable step; the eval binary checks it before reading any step (`check_shape
 without a manifest (saved before ksjax wrote them, or the process died between Orbax's rename and
 the manifest) is restored unverified, with a note.
 
+A full disk. A save that fails for want of space (ENOSPC, EDQUOT, EFBIG) is raised as
+`ksjax.errors.DiskFull`, one line naming the step, the state's size and the checkpoint left
+whole: Orbax had been writing into a temporary directory that it never renamed, so the previous
+step is still the newest one, and a resume after space is freed continues from it. The failure
+of an asynchronous save is raised at the first `save` call after Orbax has given up, or by
+`wait` and `close`; after it the Checkpointer writes nothing more.
+
 Under LoRA the state's parameters are what trains alone (the adapters, and PPO's value head) and
 the config item records the frozen base (`LORA_BASE_KEY`: its name and sha256); a reader builds
 the base itself and checks the record (`check_shapes` with `lora_base`, `restore_policy` with
@@ -81,6 +88,19 @@ class CheckpointInputError(ValueError):
 
 class ChecksumError(CheckpointInputError):
   """A step directory whose files differ from its checksum manifest."""
+
+
+class CheckpointDiskFull(errors.DiskFull):
+  """A checkpoint save failed for want of space; the message names the checkpoint left whole."""
+
+
+def resume_note(directory: str) -> str:
+  """What a resume continues from after a failure: the newest whole checkpoint in `directory`."""
+  whole = ocp.utils.checkpoint_steps(directory) if os.path.isdir(directory) else []
+  if not whole:
+    return "no checkpoint was saved before it: free space and start the run again"
+  return (f"checkpoint {max(whole)} is whole, and --config.resume=True continues from it once "
+          "space is freed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +209,12 @@ def verify_manifest(step_dir: str, prefix: str = "") -> bool:
   return True
 
 
+def _state_bytes(state: Any) -> int:
+  """The bytes of `state`'s arrays (their whole, global values): a checkpoint's size, less
+  Orbax's metadata and the data iterator's position, both small."""
+  return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+
+
 def _state_handler() -> ocp.PyTreeCheckpointHandler:
   """The state item's handler: Orbax's PyTree handler, without compression.
 
@@ -222,6 +248,8 @@ class Checkpointer:
     self._use_async = use_async
     self._owed: list[int] = []  # saved steps whose checksum manifest is not written yet
     self._hasher: threading.Thread | None = None
+    self._needs = 0  # the bytes of the last save's state, for the line a full disk gives
+    self._failed = False  # a save failed for want of space: nothing more is written
 
   def _open(self) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
@@ -250,16 +278,18 @@ class Checkpointer:
       return False
     due = self.due(step, force=force)
     if due:
-      self._manager.wait_until_finished()  # Orbax's save would wait for it anyway
+      self._wait()  # Orbax's save would wait for it anyway
     self._settle_manifests()
     if due:
       self._join_hasher()
-    saved = self._manager.save(
-        step, force=force,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.PyTreeSave(state),
-            DATA_ITEM: grain.checkpoint.CheckpointSave(data_iterator),
-            CONFIG_ITEM: ocp.args.JsonSave(dict(config))}))
+    self._needs = _state_bytes(state)
+    with self._disk_full(step):  # a synchronous save fails here
+      saved = self._manager.save(
+          step, force=force,
+          args=ocp.args.Composite(**{
+              STATE_ITEM: ocp.args.PyTreeSave(state),
+              DATA_ITEM: grain.checkpoint.CheckpointSave(data_iterator),
+              CONFIG_ITEM: ocp.args.JsonSave(dict(config))}))
     if saved:
       self._owed.append(step)
       if not self._use_async:  # finalised already: the checkpoint is whole when save returns
@@ -268,9 +298,11 @@ class Checkpointer:
     return saved
 
   def _settle_manifests(self) -> None:
-    """Starts writing the owed manifests in a background thread once Orbax has finished."""
+    """Starts writing the owed manifests in a background thread once Orbax has finished (and
+    raises the failure of a save that did not, `_wait`)."""
     if not self._owed or self._manager.is_saving_in_progress():
       return
+    self._wait()  # returns at once, or raises what failed the save
     owed, self._owed = self._owed, []
     if jax.process_index() != 0:  # one writer; the step directories are shared
       return
@@ -345,15 +377,45 @@ class Checkpointer:
     self._manager.close()
     self._manager = self._open()
 
+  def _wait(self) -> None:
+    """Orbax's wait for the save in flight, whose failure for want of space is a DiskFull."""
+    with self._disk_full(self._owed[-1] if self._owed else None):
+      self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _disk_full(self, step: int | None) -> Iterator[None]:
+    """Turns a save of `step` that failed for want of space into `errors.DiskFull`: what failed,
+    the state's size, and the checkpoint left whole (Orbax wrote into a temporary directory, which
+    it never renamed, and removes when the manager is next opened)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      if self._failed:
+        raise
+      full = errors.disk_full(
+          f"saving checkpoint {step} in {self.directory}", e, needs=self._needs,
+          where=self.directory, left=resume_note(self.directory))
+      if full is None:
+        raise
+      self._failed = True
+      self._owed = []
+      raise CheckpointDiskFull(str(full)) from None
+
   def wait(self) -> None:
     """Until every started save, and its checksum manifest, is on disk."""
-    self._manager.wait_until_finished()
+    if self._failed:
+      return
+    self._wait()
     self._settle_manifests()
     self._join_hasher()
 
   def close(self) -> None:
     self.wait()
-    self._manager.close()
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except
+      if not self._failed:  # else Orbax raises again the failure already reported
+        raise
 
 
 # ---------------------------------------------------------------------------------------------

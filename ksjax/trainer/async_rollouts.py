@@ -358,12 +358,14 @@ def save_pending(workdir: str, step: int, pending: list[Pending], keep_from: int
            **{str(i): a for i, a in enumerate(encoder.arrays)})
   payload = buffer.getvalue()
 
+  header = _HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+
   def write(tmp: str) -> None:
     with open(tmp, "wb") as f:
-      f.write(_HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n")
+      f.write(header)
       f.write(payload)
 
-  files.atomic_write(rollouts_path(workdir, step), write)
+  files.atomic_write(rollouts_path(workdir, step), write, size=len(header) + len(payload))
   if keep_from is None:
     return
   for suffix in (SUFFIX, _PICKLED_SUFFIX):  # old pickles too: no resume reads them any more

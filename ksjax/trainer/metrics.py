@@ -4,6 +4,8 @@
 line, `{"step": s, "name": value, ...}`) and to TensorBoard event files in `<workdir>/tensorboard`
 (tensorboardX, no TensorFlow, and no PyTorch: `_summary_writer`). On resume the JSONL is cut back
 to the restored step, so a run killed and resumed has each step once. Only JAX process 0 writes.
+A line that a full disk stops half-way is cut off again, and the failure raised as
+`ksjax.errors.DiskFull`, one line with the line's size.
 
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
@@ -34,7 +36,7 @@ import jax.monitoring
 import numpy as np
 import tqdm
 
-from ksjax import files
+from ksjax import errors, files
 from ksjax.run.directory import RunDirectory
 
 
@@ -219,8 +221,26 @@ class MetricsWriter:
     if self._tb is None:
       return
     clean = {k: float(v) for k, v in scalars.items()}
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps({"step": step, **{k: _json_number(v) for k, v in clean.items()}}) + "\n")
+    line = (json.dumps({"step": step, **{k: _json_number(v) for k, v in clean.items()}})
+            + "\n").encode("utf-8")
+    # Unbuffered, so that a failed write leaves nothing to be flushed at close.
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+      before = os.lseek(fd, 0, os.SEEK_END)
+      try:
+        view = memoryview(line)
+        while view:
+          view = view[os.write(fd, view):]
+      except OSError as e:
+        os.ftruncate(fd, before)  # no half line: the log ends with the last whole step
+        full = errors.disk_full(f"writing step {step}'s line of the step log {self.path}", e,
+                                needs=len(line), where=self.path,
+                                left="the log ends with the step before it")
+        if full is None:
+          raise
+        raise full from None
+    finally:
+      os.close(fd)
     for name, value in clean.items():
       self._tb.add_scalar(name, value, step)
 

@@ -1,8 +1,8 @@
 """Helpers shared by the tests: `from tests.support import REPO, FIXTURES` and the modules
 `tests.support.eval_run` (a tiny trained run and its evaluation), `tests.support.resume` (the
-kill -9 and resume check), `tests.support.dataset_files`
-(small files in the published dataset formats) and `tests.support.objectives_naive` (literal
-loop definitions of the k-sample objectives)."""
+kill -9 and resume check), `tests.support.full_disk` (a full disk, simulated),
+`tests.support.dataset_files` (small files in the published dataset formats) and
+`tests.support.objectives_naive` (literal loop definitions of the k-sample objectives)."""
 
 import importlib.util
 import pathlib
