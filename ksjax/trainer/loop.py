@@ -35,11 +35,14 @@ The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
 import shutil
+import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -47,7 +50,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from ksjax import allocator, distributed, files, machine, model
+from ksjax import allocator, distributed, errors, files, machine, model, stopping
 from ksjax.model import gguf_io, lora
 from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints, policy, scoring, spec as spec_lib
@@ -207,76 +210,91 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
   if s.max_lag:
     ahead = _rollouts_ahead(spec, sampler, _sampler_policy(updater, sampler_mesh),
                             sampler_mesh or mesh, state, step, run_dir, resumed)
-  try:
-    while step < spec.run.num_steps and not over:
-      allocator.release_free_memory()  # the last phase's freed pages, before sampling's
-      timer = Timer()
-      rng, sample_key, order_key = jax.random.split(state.rng, 3)
-      worker_seconds = None
-      if ahead is None:
-        state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
-        drawn = sampler.draw(step, updater.policy(state.params), sample_key, mesh, timer)
-      else:
-        ahead.push(step, state.params)  # before the update donates them
-        state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
-        drawn, worker_seconds, lag = ahead.take(step)
-        timer.lap("time/rollout_wait")
-      batch = drawn.update
-      ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
-      if len(drawn.kept) and spec.loss.reference_at(step + 1, spec.run.num_steps):
-        ref_logp_rt = learner.reference_rows(updater, ref_params, batch,
-                                             spec.loss.micro_batch_size)
-      timer.lap("time/reference")
-      # No group with signal (dynamic sampling at its cap): no optimizer step at all.
-      update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0,
-                        "update/shared_prompts": 0.0}
-      allocator.release_free_memory()  # sampling's and the reference's, before the update's
-      if len(drawn.kept):
-        state, update_metrics = learner.learn(updater, state, batch, drawn.update_advantage_r,
-                                              np.asarray(order_key), ref_logp_rt)
-      jax.block_until_ready(state.step)
-      timer.lap("time/update")
-      step += 1
-      scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer, worker_seconds)
-      scalars.update(task.metrics())  # e.g. how the task read the step's answers
+  stop = stopping.Signals("ksjax")  # SIGTERM and SIGINT: stop after the step in progress
+  stopped = False  # by a signal, or on several processes by a preemption notice
+  with stop, _resumable(run_dir):
+    try:
+      while step < spec.run.num_steps and not over:
+        allocator.release_free_memory()  # the last phase's freed pages, before sampling's
+        timer = Timer()
+        rng, sample_key, order_key = jax.random.split(state.rng, 3)
+        worker_seconds = None
+        if ahead is None:
+          state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
+          drawn = sampler.draw(step, updater.policy(state.params), sample_key, mesh, timer)
+        else:
+          ahead.push(step, state.params)  # before the update donates them
+          state = dataclasses.replace(state, rng=jax.device_put(rng, state.rng.sharding))
+          drawn, worker_seconds, lag = ahead.take(step)
+          timer.lap("time/rollout_wait")
+        batch = drawn.update
+        ref_logp_rt = None  # the start policy's log-probs: the KL penalty's, or the KL metrics'
+        if len(drawn.kept) and spec.loss.reference_at(step + 1, spec.run.num_steps):
+          ref_logp_rt = learner.reference_rows(updater, ref_params, batch,
+                                               spec.loss.micro_batch_size)
+        timer.lap("time/reference")
+        # No group with signal (dynamic sampling at its cap): no optimizer step at all.
+        update_metrics = {"optim/steps": 0.0, "update/rows_fraction": 0.0,
+                          "update/shared_prompts": 0.0}
+        allocator.release_free_memory()  # sampling's and the reference's, before the update's
+        if len(drawn.kept):
+          state, update_metrics = learner.learn(updater, state, batch, drawn.update_advantage_r,
+                                                np.asarray(order_key), ref_logp_rt)
+        jax.block_until_ready(state.step)
+        timer.lap("time/update")
+        step += 1
+        scalars = _step_scalars(spec, drawn, ref_logp_rt, update_metrics, timer, worker_seconds)
+        scalars.update(task.metrics())  # e.g. how the task read the step's answers
+        if ahead is not None:
+          scalars["async/lag"] = float(lag)
+          scalars.update({f"async/{name.split('/')[-1]}_seconds": value
+                          for name, value in worker_seconds.items()})
+        scalars["optim/skipped_total"] = float(state.skipped)
+        scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
+        if spec.eval.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
+          probe_cpu, probe_wall = cpu_seconds(), time.perf_counter()
+          scalars.update(probe.evaluate(updater.policy(state.params), task, spec.eval,
+                                        seed=spec.run.seed + 2, mesh=mesh))
+          scalars["time/probe"] = time.perf_counter() - probe_wall
+          budget.before -= cpu_seconds() - probe_cpu
+        scalars.update(compiles.take())
+        scalars["objective/k"] = float(drawn.k)  # the k its weights used
+        scalars["memory/peak_rss_gib"] = allocator.peak_resident_gib()
+        scalars["time/cpu_seconds"] = used = budget.used()
+        over = budget.spent(used)
+        # Every process asks at every step: JAX's preemption sync point (`ksjax.stopping`).
+        stopped = stop.reached(step)
+        last = step == spec.run.num_steps or over or stopped
+        logged = step % spec.run.log_every == 0 or last
+        if logged:
+          writer.write(step, scalars)
+        bar.update(scalars)
+        if ahead is not None and checkpointer.due(step, force=last):
+          # Before Orbax saves the data iterator: the worker is idle once these are done.
+          async_rollouts.save_pending(run_dir.workdir, step, ahead.settle(),
+                                      min(checkpointer.steps(), default=None))
+        saved = checkpointer.save(step, state, data_iterator, saved_config, force=last)
+        if saved and not logged:  # a resumed run reads its CPU time from the checkpoint's step
+          writer.write(step, scalars)
+        if over:
+          _say(f"CPU budget spent: {used / 60:.2f} of {spec.run.max_cpu_minutes} CPU-minutes "
+               f"after step {step}; stopping")
+        if stopped:
+          break
+    finally:
       if ahead is not None:
-        scalars["async/lag"] = float(lag)
-        scalars.update({f"async/{name.split('/')[-1]}_seconds": value
-                        for name, value in worker_seconds.items()})
-      scalars["optim/skipped_total"] = float(state.skipped)
-      scalars["optim/learning_rate"] = float(schedule(int(state.step) - 1))
-      if spec.eval.probe_at(step):  # held out and labelled, like the evaluations: not budgeted
-        probe_cpu, probe_wall = cpu_seconds(), time.perf_counter()
-        scalars.update(probe.evaluate(updater.policy(state.params), task, spec.eval,
-                                      seed=spec.run.seed + 2, mesh=mesh))
-        scalars["time/probe"] = time.perf_counter() - probe_wall
-        budget.before -= cpu_seconds() - probe_cpu
-      scalars.update(compiles.take())
-      scalars["objective/k"] = float(drawn.k)  # the k its weights used
-      scalars["memory/peak_rss_gib"] = allocator.peak_resident_gib()
-      scalars["time/cpu_seconds"] = used = budget.used()
-      over = budget.spent(used)
-      last = step == spec.run.num_steps or over
-      logged = step % spec.run.log_every == 0 or last
-      if logged:
-        writer.write(step, scalars)
-      bar.update(scalars)
-      if ahead is not None and checkpointer.due(step, force=last):
-        # Before Orbax saves the data iterator: the worker is idle once these are done.
-        async_rollouts.save_pending(run_dir.workdir, step, ahead.settle(),
-                                    min(checkpointer.steps(), default=None))
-      saved = checkpointer.save(step, state, data_iterator, saved_config, force=last)
-      if saved and not logged:  # a resumed run reads its CPU time from the checkpoint's step
-        writer.write(step, scalars)
-      if over:
-        _say(f"CPU budget spent: {used / 60:.2f} of {spec.run.max_cpu_minutes} CPU-minutes "
-             f"after step {step}; stopping")
-  finally:
-    if ahead is not None:
-      ahead.close()
-    bar.close()
-    writer.close()
-    checkpointer.close()
+        ahead.close()
+      bar.close()
+      writer.close()
+      checkpointer.close()
+  # A signal that came while the last step's save was finishing: one process stops there too (on
+  # several, the others go on to the final evaluation, so this one does as well).
+  if stopped or (stop.signum is not None and jax.process_count() == 1):
+    message = (f"stopped by {stopping.signal_name(stop.signum)} after step {step}: checkpoint "
+               f"{step} is saved in {checkpointer.directory}; the same command with "
+               "--config.resume=True continues from it")
+    _say(message)
+    raise stopping.Stopped(stop.signum or signal.SIGTERM, message)
 
   if int(state.skipped):
     _say(f"{int(state.skipped)} update(s) had a non-finite loss or gradient and were skipped")
@@ -293,6 +311,18 @@ def _train(spec: TrainSpec, task, run_dir: RunDirectory, start_time: float) -> N
     _final_eval(spec, final, task, mesh, run_dir)
   _say(compiled.summary())
   _say(f"done in {time.time() - start_time:.0f}s; outputs in {run_dir.workdir}")
+
+
+@contextlib.contextmanager
+def _resumable(run_dir: RunDirectory) -> Iterator[None]:
+  """A write of the loop that failed for want of space (the step log, the rollouts sampled
+  ahead) says which checkpoint a resume continues from; a checkpoint's own says so already."""
+  try:
+    yield
+  except errors.DiskFull as e:
+    if isinstance(e, checkpoints.CheckpointDiskFull):
+      raise
+    raise errors.DiskFull(f"{e}; {checkpoints.resume_note(run_dir.steps_dir)}") from None
 
 
 def _cpu_before(run_dir: RunDirectory, step: int) -> float:
