@@ -56,6 +56,11 @@ def _segment(variant, n: int, groups: int, learning_rate: float):
 
 
 @dataclasses.dataclass(frozen=True)
+class _Overrides:
+  overrides: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class BanditRuns:
   """The toy work: `defaults` are every run's fields (FIELDS), an arm's overrides change them."""
   defaults: Mapping[str, Any]
@@ -71,6 +76,16 @@ class BanditRuns:
       raise StudyError(f"bandit runs: steps={s['steps']} is not a multiple of checkpoint_every="
                        f"{s['checkpoint_every']}; expected one")
     return s
+
+  def check(self, out: str, arm: str, overrides: Mapping[str, Any]) -> None:
+    from ksjax import objectives  # pylint: disable=g-import-not-at-top
+    del out
+    s = self.settings(_Overrides(overrides))
+    for field, accepted in (("aggregator", objectives.AGGREGATORS),
+                            ("baseline", objectives.BASELINES)):
+      if s[field] not in accepted:
+        raise StudyError(f"bandit runs: arm {arm!r} {field}={s[field]!r}; expected one of "
+                         f"{tuple(accepted)}")
 
   def _bandit(self, run, s):
     import jax  # pylint: disable=g-import-not-at-top

@@ -99,6 +99,12 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
   start = study.work.has_start and not store.is_published(out, store.START)
   if not pending and not start:
     return
+  check = getattr(study.work, "check", None)  # each arm's run, before anything is written
+  for arm in (arms if check else ()):
+    try:
+      check(out, arm, study.arms[arm])
+    except ConfigError as e:
+      raise declaration_lib.StudyError(f"study {study.name}: arm {arm!r}: {e}") from None
   if not args.allow_dirty:
     store.refuse_dirty_tree(study.root, out, study.name)
   departed = verdicts.departures(study, prereg, arms, seeds)

@@ -20,6 +20,7 @@ from typing import Any
 from ksjax.run.directory import RunDirectory
 from ksjax.studies import declaration
 from ksjax.studies import store
+from ksjax.studies.declaration import StudyError
 
 
 def _config(root: str, path: str, overrides: Mapping[str, Any]):
@@ -92,6 +93,15 @@ class TrainerRuns:
     from ksjax.evaluation import settings  # pylint: disable=g-import-not-at-top
     name = settings.validate(self.eval_config(out, train_config)).output_name()
     return RunDirectory(train_config.workdir).eval_dir(name)
+
+  def check(self, out: str, arm: str, overrides: Mapping[str, Any]) -> None:
+    """The arm's trainer config, read as the trainer reads it: a bad field is a ConfigError."""
+    del arm
+    from ksjax.run import spec  # pylint: disable=g-import-not-at-top
+    if "config" not in overrides:
+      raise StudyError(f"overrides {dict(overrides)!r} name no config file; expected "
+                       "{'config': 'configs/<name>.py', ...}")
+    spec.from_config(self.run_config(out, "check", overrides, 0))
 
   def schedule(self, overrides: Mapping[str, Any]) -> tuple[int, int]:
     """Steps, and checkpoints evaluated: every `checkpoint_every`, and step 1 (the trainer's

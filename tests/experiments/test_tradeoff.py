@@ -76,3 +76,13 @@ def test_an_unknown_arm_is_one_line_and_exit_2(tradeoff, tmp_path, capsys):
   assert exited.value.code == 2 and err.count("\n") == 1
   assert "--arms='mean,best_of_n'; expected a comma-separated subset of" in err
   assert not (tmp_path / "bad").exists()
+
+
+def test_a_bad_override_is_one_line_before_anything_runs(tradeoff, tmp_path, capsys):
+  arms = {**tradeoff.arms, "mean": {"config": "configs/mean.py", "lerning_rate": 1e-3}}
+  with pytest.raises(SystemExit) as exited:
+    cli.main(dataclasses.replace(tradeoff, arms=arms), SCRIPT, ["--out", str(tmp_path / "o")])
+  err = capsys.readouterr().err
+  assert exited.value.code == 2 and err.count("\n") == 1
+  assert err.startswith("study tradeoff: arm 'mean': config.lerning_rate is not a field")
+  assert not (tmp_path / "o").exists()

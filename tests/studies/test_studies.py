@@ -142,6 +142,10 @@ def test_a_bad_registration_is_one_line_and_writes_nothing(toy, tmp_path, capsys
     ({"arms": {"mean": {}}}, [], "the registration's arms ['pass_at_k'] are not declared"),
     ({"arms": {"mean": {}, "pass_at_k": {}, "best": {}}}, [], "arms ['best'] are not in"),
     ({}, ["--seeds", "0,9"], "--seeds='0,9'; expected a comma-separated subset of [0, 1, 2]"),
+    ({"arms": {"mean": {"aggregator": "best"}, "pass_at_k": {}}}, [],
+     "arm 'mean': bandit runs: arm 'mean' aggregator='best'; expected one of ("),
+    ({"arms": {"mean": {"lerning_rate": 1.0}, "pass_at_k": {}}}, [],
+     "fields ['lerning_rate'] are not accepted; expected ('aggregator'"),
 ])
 def test_a_bad_declaration_is_one_line(toy, tmp_path, capsys, change, argv, expected):
   with pytest.raises(SystemExit) as exited:
