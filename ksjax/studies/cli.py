@@ -2,8 +2,8 @@
 
   (no flag)              run what is missing on this machine's pool of workers, then report
   --engine=slurm         the same runs as SLURM jobs through submitit (--slurm_partition,
-                         --timeout_min, --cpus_per_task, --mem_gb); also submitit-local,
-                         submitit-debug
+                         --slurm_constraint, --timeout_min, --cpus_per_task, --mem_gb); also
+                         submitit-local, submitit-debug
   --seeds=0,1 --arms=a,b a subset: exploratory, never a verdict
   --status               which runs are published, from which machine; runs nothing
   --report               the report from the published runs; runs nothing (refused, one line,
@@ -67,8 +67,8 @@ def parser(study) -> argparse.ArgumentParser:
   p.add_argument("--carry_dir", help="where carried records go (default: <out>_carried)")
   p.add_argument("--allow_dirty", action="store_true",
                  help="run from a tree with uncommitted changes (provenance says so)")
-  for name, kind in (("slurm_partition", str), ("timeout_min", int), ("cpus_per_task", int),
-                     ("mem_gb", int)):
+  for name, kind in (("slurm_partition", str), ("slurm_constraint", str), ("timeout_min", int),
+                     ("cpus_per_task", int), ("mem_gb", int)):
     p.add_argument(f"--{name}", type=kind, help="submitit/SLURM job parameter")
   return p
 
@@ -116,8 +116,8 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
           if "cpu_hours" in budget else ""))
   os.makedirs(os.path.join(out, "runs"), exist_ok=True)
   store.record_provenance(out, study.root)
-  cluster = {k: getattr(args, k) for k in ("slurm_partition", "timeout_min", "cpus_per_task",
-                                           "mem_gb") if getattr(args, k) is not None}
+  cluster = {k: getattr(args, k) for k in ("slurm_partition", "slurm_constraint", "timeout_min",
+                                           "cpus_per_task", "mem_gb") if getattr(args, k) is not None}
   folder = os.path.join(out, "logs", "submitit")
   if start:
     _say("start: making the start every run shares")
