@@ -1,0 +1,238 @@
+"""A map of cells: one paired comparison (arm a minus arm b) in each of several settings.
+
+A `Map` declares a study whose design is a list of cells, each a setting of the factors (its
+overrides of both arms' runs) where the same two arms are compared, paired by seed. It expands to
+an ordinary `Study` (`study(map)`: arms "<cell>__<arm>", so the registration, the run store,
+publication, resume and the engines are the library's own), and adds what a map needs:
+
+  order      runs go cell by cell in the declared order (a stopped map has whole cells, the
+             first ones first), and within a cell seed by seed (a seed's two runs together);
+  mirror     `--mirror=DIR`: a runner working in a clone of the repository (at the map's
+             fixed commit) copies each published pair's small files (records, logs, marks;
+             never checkpoints) into DIR, the main checkout's copy of the output directory, and
+             with `--commit` commits only those paths in DIR's repository, so that results
+             reach the main history while the runner keeps going; runs already in DIR are
+             copied back into the clone first and never run again;
+  report     `maps.publish`: per cell and checkpoint the paired gap with its interval, heat maps
+             and small multiples, exploratory and without a verdict, from whatever cells are
+             published (a cell short of its seeds says so and is not read).
+
+`main(map, declaration, argv)` is the command: `python <declaration>.py [--mirror=DIR --commit]
+[--report] [--status] [--workers=N]`; `--budget`, `--status` and `--carry` are the library's
+(`cli.main`) on the expanded study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ksjax.config_validation import ConfigError
+from ksjax.evaluation import preregistration
+from ksjax.studies import cli
+from ksjax.studies import declaration as declaration_lib
+from ksjax.studies import store
+
+SEP = "__"  # between a cell's name and an arm's: "k8__pass_at_k"
+# What a mirror never copies: a run's checkpoints, event files and tokenizer (large, rebuilt
+# by training again); the start's policy `start/` is copied (small, and every run's init).
+NOT_MIRRORED = ("checkpoints", "tensorboard", "tokenizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One setting of the factors. `factor` names the factor this cell moves away from the
+  centre ("centre" for the centre itself), `value` its value there, as the report labels it;
+  `metrics` maps a gap's label ("pass@k") to the record's metric in this cell ("pass@8")."""
+  name: str
+  factor: str
+  value: str
+  overrides: Mapping[str, Any]
+  metrics: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Map:
+  """A map: `a` minus `b` (arm names of `arms`) in every cell, over `seeds`."""
+  name: str
+  root: str
+  registration: str
+  work: Any  # a declaration.Work
+  arms: Mapping[str, Mapping[str, Any]]  # the two arms' overrides, under every cell's
+  a: str
+  b: str
+  cells: Sequence[Cell]  # in the order they run
+  seeds: Sequence[int]
+  out: str
+  command: str
+  title: str
+  setup: str
+  centre: str = "centre"  # the cell every other cell is compared with in the small multiples
+  workers: int = 1
+  # Per-step training logs for the gap along training, by run directory: {step: {metric: v}}.
+  log: Callable[[str], Mapping[int, Mapping[str, float]]] | None = None
+  log_metrics: Sequence[str] = ()
+  log_steps: Sequence[int] = ()
+  notes: str = ""
+
+  def path(self, relative: str) -> str:
+    return relative if os.path.isabs(relative) else os.path.join(self.root, relative)
+
+  def arm(self, cell: Cell, arm: str) -> str:
+    return f"{cell.name}{SEP}{arm}"
+
+
+def study(m: Map) -> declaration_lib.Study:
+  """The map as an ordinary study: one arm per cell and arm, the cell's overrides over the
+  arm's."""
+  names = [c.name for c in m.cells]
+  if len(set(names)) != len(names) or any(SEP in n for n in names):
+    raise declaration_lib.StudyError(f"map {m.name}: cell names {names}; expected distinct names "
+                                     f"without {SEP!r}")
+  if {m.a, m.b} != set(m.arms):
+    raise declaration_lib.StudyError(f"map {m.name}: compares {m.a!r} with {m.b!r}; expected the "
+                                     f"two declared arms {sorted(m.arms)}")
+  arms = {m.arm(c, arm): {**overrides, **c.overrides} for c in m.cells
+          for arm, overrides in m.arms.items()}
+  return declaration_lib.Study(
+      name=m.name, root=m.root, registration=m.registration, work=m.work, arms=arms,
+      seeds=tuple(m.seeds), out=m.out, command=m.command, workers=m.workers,
+      report=declaration_lib.Report(title=m.title, setup=m.setup, columns=()))
+
+
+def pairs(m: Map) -> list[tuple[Cell, int]]:
+  """(cell, seed) in the order they run: cell by cell, then seed by seed."""
+  return [(c, s) for c in m.cells for s in m.seeds]
+
+
+def _copy_run(source: str, target: str) -> None:
+  """A run directory's files but NOT_MIRRORED, the mark last (so a copy cut short is not
+  published)."""
+  mark = None
+  for dirpath, dirnames, filenames in os.walk(source):
+    dirnames[:] = sorted(d for d in dirnames if d not in NOT_MIRRORED)
+    for name in sorted(filenames):
+      path = os.path.join(dirpath, name)
+      if name == store.MARK and dirpath == source:
+        mark = path
+        continue
+      to = os.path.join(target, os.path.relpath(path, source))
+      os.makedirs(os.path.dirname(to), exist_ok=True)
+      shutil.copy2(path, to)
+  if mark:
+    shutil.copy2(mark, os.path.join(target, store.MARK))
+
+
+def mirror(out: str, into: str, names: Sequence[str]) -> list[str]:
+  """Copies each published run of `names` (and the start, and the study's provenance and
+  timing) from `out` to `into` where `into` lacks it; the paths written."""
+  written = []
+  for name in names:
+    if store.is_published(out, name) and not store.is_published(into, name):
+      shutil.rmtree(store.run_dir(into, name), ignore_errors=True)
+      _copy_run(store.run_dir(out, name), store.run_dir(into, name))
+      written.append(store.run_dir(into, name))
+  for name in ("provenance.json", "timing.json"):
+    if os.path.exists(os.path.join(out, name)):
+      os.makedirs(into, exist_ok=True)
+      shutil.copy2(os.path.join(out, name), os.path.join(into, name))
+      written.append(os.path.join(into, name))
+  return written
+
+
+def commit(into: str, paths: Sequence[str], message: str) -> bool:
+  """Commits exactly `paths` in the repository that holds `into` (whatever else is staged
+  there), retrying while another process holds the index; False when git refused."""
+  repo = store.git(into, "rev-parse", "--show-toplevel")
+  if not repo or not paths:
+    return False
+  for _ in range(20):
+    if store.git(repo, "add", "--all", "--", *paths) is not None and store.git(
+        repo, "commit", "-q", "-m", message, "--", *paths) is not None:
+      return True
+    if not os.path.exists(os.path.join(repo, ".git", "index.lock")):
+      # nothing to commit (the paths are committed already) is not a failure
+      return not store.git(repo, "status", "--porcelain", "--", *paths)
+    time.sleep(3)
+  return False
+
+
+def _say(message: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _parser(m: Map) -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=m.command, description=f"The {m.name} map (exploratory).")
+  p.add_argument("--out", help=f"output directory (default: {m.out})")
+  p.add_argument("--mirror", help="the main checkout's output directory: each published pair "
+                 "is copied there (and committed there with --commit); its runs are not rerun")
+  p.add_argument("--commit", action="store_true", help="git-commit each mirrored pair")
+  p.add_argument("--cells", help="a comma-separated subset of the cells (in declared order)")
+  p.add_argument("--workers", type=int, default=m.workers)
+  p.add_argument("--engine", default="local")
+  p.add_argument("--report", action="store_true", help="the report only; run nothing")
+  p.add_argument("--allow_dirty", action="store_true")
+  return p
+
+
+def main(m: Map, declaration: str, argv: Sequence[str] | None = None) -> None:
+  """The map's command (module docstring)."""
+  from ksjax.studies import maps  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  s = study(m)
+  if any(a.split("=")[0] in ("--budget", "--status", "--carry") for a in argv):
+    cli.main(s, declaration, argv)  # the library's own, on the expanded study
+    return
+  args = _parser(m).parse_args(argv)
+  try:
+    prereg = preregistration.load(s.path(s.registration))
+    declaration_lib.check(s, prereg)
+    out = os.path.abspath(args.out) if args.out else s.path(s.out)
+    cells = declaration_lib.subset(s, "cells", args.cells, [c.name for c in m.cells])
+    mirror_dir = os.path.abspath(args.mirror) if args.mirror else None
+    if not args.report:
+      _run(m, s, os.path.abspath(declaration), args, out, prereg, cells, mirror_dir)
+    table = maps.publish(m, out)
+    if mirror_dir and not args.report:
+      maps.publish(m, mirror_dir)
+      if args.commit:
+        commit(mirror_dir, [os.path.join(mirror_dir, f) for f in maps.REPORT_FILES],
+               f"{m.name} (#65): the report regenerated from the runs published so far")
+  except ConfigError as e:
+    print(e, file=sys.stderr)
+    sys.exit(2)
+  _say(f"report: {os.path.join(out, 'README.md')}")
+  print(table, flush=True)
+
+
+def _run(m: Map, s, declaration: str, args, out: str, prereg, cells: Sequence[str],
+         mirror_dir: str | None) -> None:
+  names = [store.START] + [r.name for r in declaration_lib.runs_of(s, list(s.arms), s.seeds)]
+  if mirror_dir:  # what the main checkout has is never run again here
+    mirror(mirror_dir, out, names)
+  run_args = argparse.Namespace(allow_dirty=args.allow_dirty, engine=args.engine,
+                                workers=args.workers, commit=False, slurm_partition=None,
+                                timeout_min=None, cpus_per_task=None, mem_gb=None)
+  total = len(names) - 1
+  for cell, seed in pairs(m):
+    if cell.name not in cells:
+      continue
+    arms = [m.arm(cell, arm) for arm in (m.b, m.a)]
+    cli.run_study(s, declaration, run_args, out, prereg, arms, [seed])
+    if mirror_dir:
+      written = mirror(out, mirror_dir, names)
+      done = sum(store.is_published(out, n) for n in names[1:])
+      runs = [os.path.basename(p) for p in written if os.path.dirname(p).endswith("runs")]
+      if runs and args.commit:
+        mark = store.read_mark(out, runs[-1])
+        message = (f"{m.name} (#65): {', '.join(runs)} published at "
+                   f"{str(mark.get('commit'))[:7]} on {mark.get('machine')} ({done} of {total} "
+                   "runs), committed as it finished")
+        if not commit(mirror_dir, written, message):
+          _say(f"git commit in {mirror_dir} failed; commit {', '.join(written)} by hand")
