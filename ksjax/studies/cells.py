@@ -216,9 +216,9 @@ def _run(m: Map, s, declaration: str, args, out: str, prereg, cells: Sequence[st
   names = [store.START] + [r.name for r in declaration_lib.runs_of(s, list(s.arms), s.seeds)]
   if mirror_dir:  # what the main checkout has is never run again here
     mirror(mirror_dir, out, names)
-  run_args = argparse.Namespace(allow_dirty=args.allow_dirty, engine=args.engine,
-                                workers=args.workers, commit=False, slurm_partition=None,
-                                timeout_min=None, cpus_per_task=None, mem_gb=None)
+  # The library's own flags, with its defaults, for its runner (the mirror commits, not it).
+  run_args = cli.parser(s).parse_args(["--engine", args.engine, "--workers", str(args.workers)]
+                                      + (["--allow_dirty"] if args.allow_dirty else []))
   total = len(names) - 1
   for cell, seed in pairs(m):
     if cell.name not in cells:
