@@ -9,6 +9,9 @@ at every step, and the final held-out evaluation, must equal the single-process 
 
 import json
 import os
+import re
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -131,3 +134,39 @@ def test_one_process_helpers_are_identities():
   assert distributed.gather({"a": 1}) == [{"a": 1}]
   assert distributed.gather_list([1, 2]) == [1, 2]
   assert distributed.is_writer()
+
+
+@two_processes
+def test_a_sigterm_to_one_process_stops_both_after_the_same_step_and_both_resume(
+    tmp_path):
+  """#66: the notice reaches the other process through JAX's preemption sync point, both save
+  the same step, and both resume from it together."""
+  cache, workdir = str(tmp_path / "compilation_cache"), str(tmp_path / "run")
+  log = os.path.join(workdir, "metrics.jsonl")
+  runs = start(workdir, processes=2, devices=2, cache=cache,
+               flags=["--config.num_steps=40", "--config.checkpoint_every=1000",
+                      "--config.eval.at_end=False"])
+  deadline = time.time() + 300
+  while time.time() < deadline and all(p.poll() is None for p in runs):
+    if os.path.exists(log) and sum(1 for _ in open(log, encoding="utf-8")) >= 2:
+      break
+    time.sleep(0.05)
+  runs[1].send_signal(signal.SIGTERM)
+  codes = [p.wait(timeout=300) for p in runs]
+  logs = [open(f"{workdir}.{i}.log", encoding="utf-8").read() for i in range(2)]
+  assert codes == [143, 143], "\n".join(text[-3000:] for text in logs)
+  saved = re.search(r"stopped by a preemption notice after step (\d+): checkpoint \1 is saved",
+                    logs[0])
+  assert saved, logs[0][-3000:]
+  step = int(saved.group(1))
+  assert "ksjax: SIGTERM: finishing the step in progress" in logs[1]
+  assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [1, step]
+  data_files = os.listdir(os.path.join(workdir, "checkpoints", str(step), "data"))
+  assert [any(f"process_{i}" in f for f in data_files) for i in range(2)] == [True, True]
+  resumed = start(workdir, processes=2, devices=2, cache=cache,
+                  flags=[f"--config.num_steps={step + 2}", "--config.checkpoint_every=1000",
+                         "--config.eval.at_end=False", "--config.resume=True"])
+  wait(resumed, workdir)
+  assert f"resumed from step {step}" in open(f"{workdir}.0.log", encoding="utf-8").read()
+  with open(log, encoding="utf-8") as f:
+    assert [json.loads(line)["step"] for line in f] == list(range(1, step + 3))
