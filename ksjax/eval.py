@@ -8,7 +8,9 @@ possibly on another machine than the trainer. Every field: configs/eval.py. Bad 
 field, a missing directory, a directory without checkpoints, a checkpoint of another model shape,
 k larger than the samples per problem, a checkpoint that fails its checksums, a LoRA checkpoint
 recording another base than config.run's) prints one line naming what was wrong and what is
-accepted, exits with status 2, and writes nothing (`ksjax.errors`).
+accepted, exits with status 2, and writes nothing (`ksjax.errors`). SIGTERM or SIGINT finishes
+the record in progress, says where it stopped and exits with 143 or 130; the same command
+continues from there (`ksjax.evaluation.runner`). A full disk is one line and exit status 74.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ mesh, then adapted), each checkpoint must record that base's sha256 in its confi
 step's adapters are restored and merged with the one frozen base; the run's start/ (adapters too)
 is read onto the same base for config.include_start and config.kl_reference="start".
 
+Told to stop (SIGTERM, SIGINT: `ksjax.stopping`), it finishes the record in progress (a second
+signal drops it: every file is written whole or not at all), prints one line saying where it
+stopped, and exits with 128 + the signal (143 for SIGTERM); the same command continues from
+there, reading the records written back. A record, summary or figure that fails for want of space
+is one line naming the file and its size (`ksjax.errors.DiskFull`, exit status 74).
+
 With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
 it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
 (keep_checkpoints), so one that disappears before it is read is skipped with a warning, as is one
@@ -34,19 +40,22 @@ that fails its checksums (`checkpoints.check_shapes`); outside watch mode that i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import math
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from ksjax import distributed, errors, machine, model
+from ksjax import distributed, errors, machine, model, stopping
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
@@ -372,21 +381,63 @@ def run(config: Any) -> None:
     note = machine.bfloat16_operand_note(evaluator.cfg.operand_dtype, jax.devices()[0].platform)
     if note:
       _say(note)
-    if start is not None:
-      evaluator.evaluate_policy(0, start, run_dir.start_dir)
-      del start
-    if s.watch:
-      follow(evaluator, s, done=set())
-    else:
-      evaluate_steps(evaluator, selected, average=settings_lib.parse_steps(s.steps)[0] == "last")
+    stop = stopping.Signals("ksjax.eval", second="the record in progress")
+    with stop, _resumable():
+      after = _stop_after(stop, evaluator)
+      if start is not None:
+        evaluator.evaluate_policy(0, start, run_dir.start_dir)
+        del start
+        after(0)
+      if s.watch:
+        follow(evaluator, s, done=set(), after=after)
+      else:
+        evaluate_steps(evaluator, selected,
+                       average=settings_lib.parse_steps(s.steps)[0] == "last", after=after)
   finally:
     close = getattr(task, "close", None)
     if close is not None:
       close()
 
 
-def evaluate_steps(evaluator: Evaluator, steps: Sequence[int], *, average: bool) -> None:
-  records = [evaluator.evaluate(step) for step in steps]
+@contextlib.contextmanager
+def _resumable() -> Iterator[None]:
+  """A write that failed for want of space says that the records before it are whole."""
+  try:
+    yield
+  except errors.DiskFull as e:
+    raise errors.DiskFull(f"{e}; the records written before it are whole, and the same command "
+                          "continues from them once space is freed") from None
+
+
+def _stop_after(stop: stopping.Signals,
+                evaluator: Evaluator) -> Callable[[int | None], None]:
+  """`after(step)`, called once each record is written (on every process, in the same order),
+  and with None while watch mode waits: raises `stopping.Stopped` when told to stop
+  (`stop.reached`, on several processes JAX's sync point, counted in calls), after one line
+  saying where the evaluation stopped."""
+  count = itertools.count(1)
+
+  def after(step: int | None) -> None:
+    if not stop.reached(next(count)):
+      return
+    where = ("while waiting for a checkpoint" if step is None else
+             f"after the record of step {step}")
+    message = (f"stopped by {stopping.signal_name(stop.signum)} {where}: "
+               f"{len(evaluator.records)} records in {evaluator.output_dir}; the same command "
+               "continues from there (records already written are read back, not sampled again)")
+    _say(message)
+    raise stopping.Stopped(stop.signum or signal.SIGTERM, message)
+
+  return after
+
+
+def evaluate_steps(evaluator: Evaluator, steps: Sequence[int], *, average: bool,
+                   after: Callable[[int | None], None] = lambda step: None) -> None:
+  """Evaluates `steps` in order, calling `after(step)` once each record is written."""
+  records = []
+  for step in steps:
+    records.append(evaluator.evaluate(step))
+    after(step)
   if average and records:
     averaged = results.average(records)
     evaluator.save_summaries(averaged)
@@ -396,9 +447,10 @@ def evaluate_steps(evaluator: Evaluator, steps: Sequence[int], *, average: bool)
 
 def follow(evaluator: Evaluator, s: Settings, *, done: set[int],
            clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep) -> None:
+           sleep: Callable[[float], None] = time.sleep,
+           after: Callable[[int | None], None] = lambda step: None) -> None:
   """Evaluates every checkpoint not evaluated yet as it lands, until s.idle_timeout_s passes
-  without a new one (forever if None)."""
+  without a new one (forever if None), calling `after(step)` once each record is written."""
   last_new = clock()
   while True:
     pending = [step for step in checkpoints.steps(evaluator.run) if step not in done]
@@ -416,10 +468,13 @@ def follow(evaluator: Evaluator, s: Settings, *, done: set[int],
         # Deleted by the trainer's keep policy between listing and reading.
         print(f"warning: checkpoint {step} was removed before it could be read ({e}); skipped",
               file=sys.stderr, flush=True)
+        continue
+      after(step)
     if pending:
       last_new = clock()
     elif s.idle_timeout_s is not None and clock() - last_new >= s.idle_timeout_s:
       _say(f"no new checkpoint for {s.idle_timeout_s:g}s; stopping")
       return
     else:
+      after(None)  # told to stop while waiting for a checkpoint
       sleep(s.poll_interval_s)
