@@ -29,6 +29,12 @@ step logs the cumulative figure, `time/cpu_seconds` (a step that is checkpointed
 whatever log_every says, after its save starts), and a resumed run takes it from the step log at
 its checkpoint's step, so its budget continues rather than restarts.
 
+Told to stop (SIGTERM, a preemption notice, or SIGINT; `ksjax.stopping`), the loop finishes the
+step in progress, saves it (with the rollouts sampled ahead), prints one line naming the step and
+how to resume, and exits with 143 (SIGTERM) or 130 (SIGINT); on several processes all of them
+stop after the same step, JAX's preemption sync point. A write that fails for want of space is
+one line naming it and the checkpoint a resume continues from (`ksjax.errors.DiskFull`).
+
 The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here reads the typed
 `TrainSpec`. The work directory's layout is `ksjax.run.directory.RunDirectory`'s.
 """
