@@ -28,8 +28,8 @@ A full disk. A write that fails for want of space (ENOSPC, EDQUOT, or EFBIG: a f
 the file system or the process's file size limit allows) is neither bad input nor a bug: it is
 one line too, `<program>: <what failed>, how much space it needed, what is left whole`, with exit
 status 74 (sysexits' EX_IOERR) and no traceback. The places that know what they were writing
-raise `DiskFull` with that line (`disk_full`: a checkpoint, the step log, any file of
-`ksjax.files`); a disk-full error from anywhere else gets a line naming the error. The libraries'
+raise `ksjax.files.DiskFull` with that line (`files.disk_full`: a checkpoint, the step log, any
+file of `ksjax.files`); a disk-full error from anywhere else gets a line naming the error. The libraries'
 own reports of the same failure are dropped, since the line says it: Orbax's ERROR log record of
 its failed write thread, and the unraisable exceptions a failed Orbax save or restore leaves
 behind (`is_orbax_leftover`).
@@ -41,18 +41,15 @@ status 128 + the signal, and passes the boundary as it is.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import re
-import shutil
 import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ksjax import compilation_cache
+from ksjax import compilation_cache, files
 
 EXIT_INPUT = 2
 EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: an input/output error (a full disk), not bad input
@@ -105,98 +102,16 @@ def exit_input_error(prog: str, error: BaseException) -> None:
 # A full disk
 # ---------------------------------------------------------------------------------------------
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-# TensorStore (Orbax's array writer) reports a failed write as a ValueError whose text ends with
-# the OS error's number: `... Failed to write 61918 bytes to file 7: File too large
-# [os_error_code='27']`.
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
-
-
-class DiskFull(Exception):
-  """A write failed for want of space; the message says what failed, how much space it needed
-  and what is left whole (`disk_full`)."""
-
-
-def _errno_in_text(text: str) -> int | None:
-  for match in _OS_ERROR_CODE.finditer(text):
-    if int(match.group(1)) in DISK_FULL_ERRNOS:
-      return int(match.group(1))
-  return None
-
-
-def disk_full_errno(error: BaseException | None) -> int | None:
-  """ENOSPC, EDQUOT or EFBIG when `error`, or an exception it was raised from or while handling
-  (or a member of an exception group), is that OSError or TensorStore's report of one; else
-  None."""
-  seen: set[int] = set()
-  stack = [error]
-  while stack:
-    e = stack.pop()
-    if e is None or id(e) in seen:
-      continue
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
-      return e.errno
-    code = _errno_in_text(str(e))
-    if code is not None:
-      return code
-    stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-  return None
-
-
-def size_text(nbytes: float) -> str:
-  """1536 -> '1.5 KiB'."""
-  for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-    if abs(nbytes) < 1024 or unit == "TiB":
-      return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
-    nbytes /= 1024
-  raise AssertionError("unreachable")
-
-
-def _free_text(where: str) -> str:
-  folder = os.path.abspath(where)
-  while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-    folder = os.path.dirname(folder)
-  try:
-    return f"{size_text(shutil.disk_usage(folder).free)} free there"
-  except OSError:
-    return "the free space unknown"
-
-
-def disk_full(what: str, error: BaseException, *, needs: int | None, where: str, left: str,
-              at_least: bool = False) -> DiskFull | None:
-  """The DiskFull to raise for `error` when it is a disk-full error (`disk_full_errno`), else
-  None: '<what> failed (<the OS error>): it needs <needs>, <free space> there; <left>'.
-
-  Args:
-    what: what was being written ("checkpoint 12 in runs/x/checkpoints").
-    error: the exception the write raised.
-    needs: the bytes the write needed (a checkpoint: its size estimate); None if unknown.
-    where: the path written, whose file system's free space the line gives.
-    left: what is whole and how to go on.
-    at_least: `needs` is what was written before the failure, so the least it needed.
-  """
-  code = disk_full_errno(error)
-  if code is None:
-    return None
-  reason = os.strerror(code)
-  if code == errno.EFBIG:
-    reason += ": larger than the file system or the file size limit (ulimit -f) allows"
-  needed = ("" if needs is None else
-            f"it needs {'more than ' if at_least else ''}{size_text(needs)}, ")
-  return DiskFull(f"{what} failed ({reason}): {needed}{_free_text(where)}; {left}")
-
-
 def disk_full_line(error: BaseException) -> str | None:
   """The one line for a disk-full failure that reached the boundary: the first `DiskFull`
   among `error` and the exceptions it was raised while handling (a `finally` block that failed
   in turn on the same full disk), else a line naming the error; None for any other failure."""
   e: BaseException | None = error
   while e is not None:
-    if isinstance(e, DiskFull):
+    if isinstance(e, files.DiskFull):
       return one_line(e)
     e = e.__context__
-  code = disk_full_errno(error)
+  code = files.disk_full_errno(error)
   if code is None:
     return None
   return (f"a write failed ({os.strerror(code)}): {one_line(error)[:300]}; free space and run "
@@ -207,9 +122,9 @@ def _no_disk_full_report(record: logging.LogRecord) -> bool:
   """A logging filter: False for a library's log record of a disk-full failure (the boundary's
   line says it)."""
   try:
-    if record.exc_info and disk_full_errno(record.exc_info[1]) is not None:
+    if record.exc_info and files.disk_full_errno(record.exc_info[1]) is not None:
       return False  # (Orbax's "Save Finalize thread failed", with the write's error)
-    return _errno_in_text(record.getMessage()) is None
+    return files.disk_full_errno(Exception(record.getMessage())) is None
   except Exception:  # pylint: disable=broad-except
     return True
 

@@ -75,11 +75,11 @@ def test_a_full_disk_at_the_boundary_is_one_line_and_exit_74(tmp_path, capsys, c
 def test_tensorstores_report_of_a_full_disk_and_one_under_a_later_error_are_found():
   tensorstore = ValueError("OUT_OF_RANGE: Failed to write 3368 bytes to file 7: File too large "
                            "[os_error_code='27']")
-  assert errors.disk_full_errno(tensorstore) == errno.EFBIG
-  assert errors.disk_full_errno(ValueError("[os_error_code='2']")) is None
+  assert files.disk_full_errno(tensorstore) == errno.EFBIG
+  assert files.disk_full_errno(ValueError("[os_error_code='2']")) is None
   try:
     try:
-      raise errors.DiskFull("saving checkpoint 3 failed")
+      raise files.DiskFull("saving checkpoint 3 failed")
     finally:
       raise OSError(errno.ENOSPC, "No space left on device")  # a `finally` on the same disk
   except OSError as e:

@@ -30,7 +30,7 @@ Told to stop (SIGTERM, SIGINT: `ksjax.stopping`), it finishes the record in prog
 signal drops it: every file is written whole or not at all), prints one line saying where it
 stopped, and exits with 128 + the signal (143 for SIGTERM); the same command continues from
 there, reading the records written back. A record, summary or figure that fails for want of space
-is one line naming the file and its size (`ksjax.errors.DiskFull`, exit status 74).
+is one line naming the file and its size (`ksjax.files.DiskFull`, exit status 74).
 
 With config.watch the directory is polled and every checkpoint not yet evaluated is evaluated as
 it lands, until config.idle_timeout_s passes without one. The trainer deletes old checkpoints
@@ -55,7 +55,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ksjax import distributed, errors, machine, model, stopping
+from ksjax import distributed, errors, files, machine, model, stopping
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import plots, results
 from ksjax.evaluation import settings as settings_lib
@@ -404,8 +404,8 @@ def _resumable() -> Iterator[None]:
   """A write that failed for want of space says that the records before it are whole."""
   try:
     yield
-  except errors.DiskFull as e:
-    raise errors.DiskFull(f"{e}; the records written before it are whole, and the same command "
+  except files.DiskFull as e:
+    raise files.DiskFull(f"{e}; the records written before it are whole, and the same command "
                           "continues from them once space is freed") from None
 
 

@@ -30,7 +30,7 @@ without a manifest (saved before ksjax wrote them, or the process died between O
 the manifest) is restored unverified, with a note.
 
 A full disk. A save that fails for want of space (ENOSPC, EDQUOT, EFBIG) is raised as
-`ksjax.errors.DiskFull`, one line naming the step, the state's size and the checkpoint left
+`ksjax.files.DiskFull`, one line naming the step, the state's size and the checkpoint left
 whole: Orbax had been writing into a temporary directory that it never renamed, so the previous
 step is still the newest one, and a resume after space is freed continues from it. The failure
 of an asynchronous save is raised at the first `save` call after Orbax has given up, or by
@@ -90,7 +90,7 @@ class ChecksumError(CheckpointInputError):
   """A step directory whose files differ from its checksum manifest."""
 
 
-class CheckpointDiskFull(errors.DiskFull):
+class CheckpointDiskFull(files.DiskFull):
   """A checkpoint save failed for want of space; the message names the checkpoint left whole."""
 
 
@@ -384,7 +384,7 @@ class Checkpointer:
 
   @contextlib.contextmanager
   def _disk_full(self, step: int | None) -> Iterator[None]:
-    """Turns a save of `step` that failed for want of space into `errors.DiskFull`: what failed,
+    """Turns a save of `step` that failed for want of space into `files.DiskFull`: what failed,
     the state's size, and the checkpoint left whole (Orbax wrote into a temporary directory, which
     it never renamed, and removes when the manager is next opened)."""
     try:
@@ -392,7 +392,7 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       if self._failed:
         raise
-      full = errors.disk_full(
+      full = files.disk_full(
           f"saving checkpoint {step} in {self.directory}", e, needs=self._needs,
           where=self.directory, left=resume_note(self.directory))
       if full is None:

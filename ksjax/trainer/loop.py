@@ -33,7 +33,7 @@ Told to stop (SIGTERM, a preemption notice, or SIGINT; `ksjax.stopping`), the lo
 step in progress, saves it (with the rollouts sampled ahead), prints one line naming the step and
 how to resume, and exits with 143 (SIGTERM) or 130 (SIGINT); on several processes all of them
 stop after the same step, JAX's preemption sync point. A write that fails for want of space is
-one line naming it and the checkpoint a resume continues from (`ksjax.errors.DiskFull`).
+one line naming it and the checkpoint a resume continues from (`ksjax.files.DiskFull`).
 
 The ConfigDict is read once, by `ksjax.run.spec.from_config`; everything here reads the typed
 `TrainSpec`. The work directory's layout is `ksjax.run.directory.RunDirectory`'s.
@@ -325,10 +325,10 @@ def _resumable(run_dir: RunDirectory) -> Iterator[None]:
   ahead) says which checkpoint a resume continues from; a checkpoint's own says so already."""
   try:
     yield
-  except errors.DiskFull as e:
+  except files.DiskFull as e:
     if isinstance(e, checkpoints.CheckpointDiskFull):
       raise
-    raise errors.DiskFull(f"{e}; {checkpoints.resume_note(run_dir.steps_dir)}") from None
+    raise files.DiskFull(f"{e}; {checkpoints.resume_note(run_dir.steps_dir)}") from None
 
 
 def _cpu_before(run_dir: RunDirectory, step: int) -> float:

@@ -5,7 +5,7 @@ line, `{"step": s, "name": value, ...}`) and to TensorBoard event files in `<wor
 (tensorboardX, no TensorFlow, and no PyTorch: `_summary_writer`). On resume the JSONL is cut back
 to the restored step, so a run killed and resumed has each step once. Only JAX process 0 writes.
 A line that a full disk stops half-way is cut off again, and the failure raised as
-`ksjax.errors.DiskFull`, one line with the line's size.
+`ksjax.files.DiskFull`, one line with the line's size.
 
 `ProgressBar` is tqdm with the run's headline numbers in its postfix; its ETA comes from tqdm's
 smoothed rate.
@@ -36,7 +36,7 @@ import jax.monitoring
 import numpy as np
 import tqdm
 
-from ksjax import errors, files
+from ksjax import files
 from ksjax.run.directory import RunDirectory
 
 
@@ -233,7 +233,7 @@ class MetricsWriter:
           view = view[os.write(fd, view):]
       except OSError as e:
         os.ftruncate(fd, before)  # no half line: the log ends with the last whole step
-        full = errors.disk_full(f"writing step {step}'s line of the step log {self.path}", e,
+        full = files.disk_full(f"writing step {step}'s line of the step log {self.path}", e,
                                 needs=len(line), where=self.path,
                                 left="the log ends with the step before it")
         if full is None:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ksjax import errors, stopping
+from ksjax import files, stopping
 from ksjax.evaluation import results, runner
 from tests.support import eval_run, full_disk
 
@@ -66,12 +66,12 @@ def test_a_record_that_does_not_fit_is_one_line_and_the_same_command_continues(r
   run = eval_run.copy_run(run_dir, tmp_path / "run", with_eval=False)
   record = _output(run_dir) / results.STEP_FILE.format(step=1)
   limit = record.stat().st_size // 2
-  with full_disk.file_size_limit(limit), pytest.raises(errors.DiskFull) as failure:
+  with full_disk.file_size_limit(limit), pytest.raises(files.DiskFull) as failure:
     runner.run(_config(run, "1"))
   output = _output(run)
   line = str(failure.value)
   assert line.startswith(f"writing {output / record.name} failed (File too large"), line
-  assert f"it needs {errors.size_text(record.stat().st_size)}, " in line
+  assert f"it needs {files.size_text(record.stat().st_size)}, " in line
   assert line.endswith("the records written before it are whole, and the same command continues "
                        "from them once space is freed")
   assert os.listdir(output) == []  # nothing half-written

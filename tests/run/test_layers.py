@@ -22,7 +22,7 @@ PACKAGE = support.REPO / "ksjax"
 LAYERS = (
     ("config_validation", "machine", "files"),  # the standard library only
     ("config_fields", "compilation_cache"),
-    ("errors", "allocator", "lora_options"),
+    ("errors", "allocator", "lora_options", "stopping"),
     ("objectives", "model"),  # the mathematics; the Llama and its checkpoints
     ("tokenization", "sampling", "distributed", "bandit"),
     ("tasks",),
