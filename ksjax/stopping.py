@@ -139,8 +139,12 @@ class Signals:
       return self
     if _process_count() > 1:
       self._c_previous = _installed(signal.SIGTERM)
-      if self._c_previous is not None:
-        self._notify = _caller(self._c_previous)
+      if self._c_previous is None:
+        # No notifier of JAX's to chain to (its preemption service is off, or not Linux): a
+        # flag set here would stop this process alone, so the signals keep their dispositions
+        # (JAX's handler, where it has one, still stops every process at the sync point).
+        return self
+      self._notify = _caller(self._c_previous)
     for signum in SIGNALS:
       self._previous[signum] = signal.signal(signum, self._handle)
     return self
@@ -177,7 +181,7 @@ class Signals:
     try:
       return multihost_utils.reached_preemption_sync_point(step)
     except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
-      return self.signum is not None
+      return False
 
 
 __all__ = ["SIGNALS", "Signals", "Stopped", "exit_status", "signal_name"]
