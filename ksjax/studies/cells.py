@@ -40,9 +40,11 @@ from ksjax.studies import declaration as declaration_lib
 from ksjax.studies import store
 
 SEP = "__"  # between a cell's name and an arm's: "k8__pass_at_k"
-# What a mirror never copies: a run's checkpoints, event files and tokenizer (large, rebuilt
-# by training again); the start's policy `start/` is copied (small, and every run's init).
-NOT_MIRRORED = ("checkpoints", "tensorboard", "tokenizer")
+# What a mirror never copies, of a run's directory: its checkpoints, its final and starting
+# policies, event files and tokenizer (rebuilt by training again). The shared start's policy
+# (<out>/runs/start/start, every run's init) is the exception: a checkout that has it can train
+# any missing run from the same start.
+NOT_MIRRORED = ("checkpoints", "final", "start", "tensorboard", "tokenizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +113,13 @@ def pairs(m: Map) -> list[tuple[Cell, int]]:
   return [(c, s) for c in m.cells for s in m.seeds]
 
 
-def _copy_run(source: str, target: str) -> None:
-  """A run directory's files but NOT_MIRRORED, the mark last (so a copy cut short is not
-  published)."""
+def _copy_run(source: str, target: str, keep: Sequence[str] = ()) -> None:
+  """A run directory's files but NOT_MIRRORED (less `keep`) at its top, the mark last (so a
+  copy cut short is not published)."""
   mark = None
   for dirpath, dirnames, filenames in os.walk(source):
-    dirnames[:] = sorted(d for d in dirnames if d not in NOT_MIRRORED)
+    if dirpath == source:
+      dirnames[:] = sorted(d for d in dirnames if d not in NOT_MIRRORED or d in keep)
     for name in sorted(filenames):
       path = os.path.join(dirpath, name)
       if name == store.MARK and dirpath == source:
@@ -136,7 +139,8 @@ def mirror(out: str, into: str, names: Sequence[str]) -> list[str]:
   for name in names:
     if store.is_published(out, name) and not store.is_published(into, name):
       shutil.rmtree(store.run_dir(into, name), ignore_errors=True)
-      _copy_run(store.run_dir(out, name), store.run_dir(into, name))
+      _copy_run(store.run_dir(out, name), store.run_dir(into, name),
+                keep=("start",) if name == store.START else ())
       written.append(store.run_dir(into, name))
   for name in ("provenance.json", "timing.json"):
     if os.path.exists(os.path.join(out, name)):
@@ -200,10 +204,7 @@ def main(m: Map, declaration: str, argv: Sequence[str] | None = None) -> None:
       _run(m, s, os.path.abspath(declaration), args, out, prereg, cells, mirror_dir)
     table = maps.publish(m, out)
     if mirror_dir and not args.report:
-      maps.publish(m, mirror_dir)
-      if args.commit:
-        commit(mirror_dir, [os.path.join(mirror_dir, f) for f in maps.REPORT_FILES],
-               f"{m.name} (#65): the report regenerated from the runs published so far")
+      _report(m, mirror_dir, args.commit, "the runner's end")
   except ConfigError as e:
     print(e, file=sys.stderr)
     sys.exit(2)
@@ -236,3 +237,13 @@ def _run(m: Map, s, declaration: str, args, out: str, prereg, cells: Sequence[st
                    "runs), committed as it finished")
         if not commit(mirror_dir, written, message):
           _say(f"git commit in {mirror_dir} failed; commit {', '.join(written)} by hand")
+      if runs and seed == m.seeds[-1]:  # a cell is whole: the report says so at once
+        _report(m, mirror_dir, args.commit, f"cell {cell.name} is whole")
+
+
+def _report(m: Map, into: str, commit_it: bool, why: str) -> None:
+  from ksjax.studies import maps  # pylint: disable=g-import-not-at-top
+  maps.publish(m, into)
+  if commit_it:
+    commit(into, [os.path.join(into, f) for f in maps.REPORT_FILES],
+           f"{m.name} (#65): the report regenerated from the runs published so far ({why})")

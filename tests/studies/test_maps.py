@@ -82,10 +82,14 @@ def test_the_map_runs_cell_by_cell_and_commits_each_pair_where_the_mirror_is(toy
   m, _, out, main = toy
   log = _git(main, "log", "--format=%s", "--name-only").split("\n")
   messages = [line for line in log if line.startswith("toy_map")][::-1]
-  # one commit per pair, in the declared order: cell k4 (all seeds) before k2, then the report
-  assert [msg.split(":")[1].split(" published")[0].strip() for msg in messages[:6]] == [
-      f"{c}__mean_s{s}, {c}__pass_at_k_s{s}" for c in ("k4", "k2") for s in (0, 1, 2)]
-  assert "report regenerated" in messages[-1]
+  # one commit per pair, in the declared order: cell k4 (all seeds) before k2; the report once
+  # each cell is whole
+  assert [msg.split(":")[1].split(" published")[0].strip() for msg in messages
+          if " published at " in msg] == [
+              f"{c}__mean_s{s}, {c}__pass_at_k_s{s}" for c in ("k4", "k2") for s in (0, 1, 2)]
+  reports = [i for i, msg in enumerate(messages) if "report regenerated" in msg]
+  assert [messages[i].split("(")[-1] for i in reports] == ["cell k4 is whole)", "cell k2 is whole)"]
+  assert reports == [3, 7]  # right after each cell's last pair
   committed = _git(main, "ls-tree", "-r", "--name-only", "HEAD").split()
   assert "other.txt" not in committed  # staged by someone else: not the map's to commit
   assert not [p for p in committed if "/checkpoints/" in p]  # never the checkpoints
@@ -162,3 +166,22 @@ def test_the_training_log_is_read_with_a_window(tmp_path):
   log = maps.trainer_log(str(tmp_path), window=2)
   assert log[1] == {"kl/k3": 1.0} and log[2]["kl/k3"] == 1.5 and log[4]["kl/k3"] == (99.0 + 4.0) / 2
   assert maps.trainer_log(str(tmp_path / "none")) == {}
+
+
+def test_a_mirror_copies_records_and_logs_never_checkpoints_or_policies(tmp_path):
+  out, into = tmp_path / "out", tmp_path / "into"
+  for run in ("start", "a_s0"):
+    for path in ("config.json", "metrics.jsonl", "eval/test/step_00000001.json",
+                 "checkpoints/1/x", "final/x", "start/x", "tensorboard/x", "tokenizer/x",
+                 "eval/test/start/x"):
+      (out / "runs" / run / path).parent.mkdir(parents=True, exist_ok=True)
+      (out / "runs" / run / path).write_text("1")
+    store.publish(str(out), run, {"machine": "cpu A"})
+  written = cells.mirror(str(out), str(into), ["start", "a_s0", "b_s0"])
+  got = sorted(str(p.relative_to(into)) for p in into.rglob("*") if p.is_file())
+  run = ["config.json", "eval/test/start/x", "eval/test/step_00000001.json", "metrics.jsonl",
+         store.MARK]
+  assert got == sorted([f"runs/a_s0/{p}" for p in run] + [f"runs/start/{p}" for p in run]
+                       + ["runs/start/start/x"])  # the shared start's policy alone
+  assert sorted(written) == sorted(str(into / "runs" / r) for r in ("start", "a_s0"))
+  assert cells.mirror(str(out), str(into), ["start", "a_s0"]) == []  # mirrored already
