@@ -115,7 +115,8 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
        + (f"; registered budget about {budget['cpu_hours']} CPU-hours ({budget.get('basis')})"
           if "cpu_hours" in budget else ""))
   os.makedirs(os.path.join(out, "runs"), exist_ok=True)
-  store.record_provenance(out, study.root)
+  # Cluster jobs run elsewhere: this host is not their machine (each run's mark names its own).
+  store.record_provenance(out, study.root, None if args.engine == "slurm" else "here")
   cluster = {k: getattr(args, k) for k in ("slurm_partition", "slurm_constraint", "timeout_min",
                                            "cpus_per_task", "mem_gb") if getattr(args, k) is not None}
   folder = os.path.join(out, "logs", "submitit")
@@ -123,6 +124,8 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
     _say("start: making the start every run shares")
     engines.run(args.engine, [(jobs.prepare_job, (declaration, out))], lambda _: None,
                 workers=1, folder=folder, cluster_args=cluster)
+    if args.commit:
+      _commit(study, out, store.START, "the start every run shares")
   started, finished = time.time(), [len(runs) - len(pending)]
 
   def done(name: str) -> None:

@@ -79,13 +79,19 @@ def here(root: str) -> dict[str, Any]:
           "uncommitted_changes": None if status is None else bool(status)}
 
 
-def record_provenance(out: str, root: str) -> None:
+SLURM_MACHINE = "SLURM jobs (each run's study_done.json names its machine)"
+
+
+def record_provenance(out: str, root: str, machine_here: str | None = "here") -> None:
   """Called only when this session runs something (a regeneration that trains nothing leaves the
   file as it is). A study without runs yet gets the current commit and machine; a resumed one
   keeps its first and lists the others in `resumed_at` / `resumed_on`, so a study spanning
-  commits or machines says so."""
+  commits or machines says so. `machine_here` None: the runs go to cluster jobs, not this
+  machine (SLURM_MACHINE is recorded)."""
   path = os.path.join(out, "provenance.json")
   now = here(root)
+  if machine_here is None:
+    now["machine"] = SLURM_MACHINE
   fresh = not os.path.isdir(os.path.join(out, "runs"))
   if fresh and os.path.exists(os.path.join(out, "timing.json")):
     os.remove(os.path.join(out, "timing.json"))  # an earlier study's, not to be added to

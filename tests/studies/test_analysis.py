@@ -118,3 +118,9 @@ def test_a_session_that_runs_refuses_a_dirty_tree_but_not_its_own_outputs(tmp_pa
   (tmp_path / "code.py").write_text("a = 2\n")
   with pytest.raises(StudyError, match=r"uncommitted changes to 1 tracked file\(s\) \(code.py\)"):
     store.refuse_dirty_tree(str(tmp_path), str(tmp_path / "results"), "t")
+
+
+def test_a_study_sent_to_slurm_does_not_name_the_login_node_as_its_machine(tmp_path, monkeypatch):
+  monkeypatch.setattr(store.machine, "describe", lambda: "login node")
+  store.record_provenance(str(tmp_path), str(tmp_path), None)
+  assert json.loads((tmp_path / "provenance.json").read_text())["machine"] == store.SLURM_MACHINE
