@@ -42,31 +42,34 @@ SGD_RATES = (0.05, 0.2)  # from the pilot on training problems (the registration
 ADAM_RATES = (1e-4, 2.5e-5)  # the trade-off study's, and a quarter of it
 
 
-def cell(name, factor, value, k=4, n=None, **overrides):
+def cell(name, factor, value, rank, k=4, n=None, **overrides):
   """A cell: its k and n, and any other overrides of both arms."""
   return cells.Cell(name, factor, value, {"k": k, "n": n or k, **overrides},
-                    {"pass@k": f"pass@{k}", "pass@1": "pass@1", "pass@64": "pass@64"})
+                    {"pass@k": f"pass@{k}", "pass@1": "pass@1", "pass@64": "pass@64"}, rank)
 
 
 CELLS = [  # the order they run: the centre, the optimizer (the KL-sign test), then the rest
-    cell("centre", "centre", "k4 n4 L2 B16 adam1e-4"),
-    cell("sgd_lo", "optimizer", f"sgd {SGD_RATES[0]:g}", optimizer="sgd",
+    cell("centre", "centre", "k4 n4 L2 B16 adam1e-4", 0),
+    cell("sgd_lo", "optimizer", f"sgd {SGD_RATES[0]:g}", 1, optimizer="sgd",
          learning_rate=SGD_RATES[0]),
-    cell("sgd_hi", "optimizer", f"sgd {SGD_RATES[1]:g}", optimizer="sgd",
+    cell("sgd_hi", "optimizer", f"sgd {SGD_RATES[1]:g}", 2, optimizer="sgd",
          learning_rate=SGD_RATES[1]),
-    cell("adam_lo", "optimizer", f"adam {ADAM_RATES[1]:g}", learning_rate=ADAM_RATES[1]),
-    cell("level3", "difficulty", "level 3", **{"synthetic.levels": (3,)}),
-    cell("level4", "difficulty", "level 4", **{"synthetic.levels": (4,)}),
-    cell("level1", "difficulty", "level 1", **{"synthetic.levels": (1,)}),
-    cell("k2", "k, n", "k2 n2", k=2),
-    cell("k8", "k, n", "k8 n8", k=8),
-    cell("k4_n8", "k, n", "k4 n8", k=4, n=8),
-    cell("k2_n4", "k, n", "k2 n4", k=2, n=4),
-    cell("b64", "prompts per step", "64", batch_prompts=64),
-    cell("k16", "k, n", "k16 n16", k=16),
-    cell("k8_n16", "k, n", "k8 n16", k=8, n=16),
-    cell("k16_n32", "k, n", "k16 n32", k=16, n=32),
+    cell("adam_lo", "optimizer", f"adam {ADAM_RATES[1]:g}", 3, learning_rate=ADAM_RATES[1]),
+    cell("level3", "difficulty", "level 3", 3, **{"synthetic.levels": (3,)}),
+    cell("level4", "difficulty", "level 4", 4, **{"synthetic.levels": (4,)}),
+    cell("level1", "difficulty", "level 1", 1, **{"synthetic.levels": (1,)}),
+    cell("k2", "k, n", "k2 n2", 2.0, k=2),
+    cell("k8", "k, n", "k8 n8", 8.0, k=8),
+    cell("k4_n8", "k, n", "k4 n8", 4.5, k=4, n=8),
+    cell("k2_n4", "k, n", "k2 n4", 2.5, k=2, n=4),
+    cell("b64", "prompts per step", "64", 64, batch_prompts=64),
+    cell("k16", "k, n", "k16 n16", 16.0, k=16),
+    cell("k8_n16", "k, n", "k8 n16", 8.5, k=8, n=16),
+    cell("k16_n32", "k, n", "k16 n32", 16.5, k=16, n=32),
 ]
+# The centre's value on each factor's axis in the small multiples.
+CENTRE_AT = {"optimizer": ("adam 0.0001", 4), "difficulty": ("level 2", 2),
+             "k, n": ("k4 n4", 4.0), "prompts per step": ("16", 16)}
 LOG_STEPS = (1, 2, 3, 5, 10, 20, 50, 100, 250, 500, 1000, 2000)
 
 
@@ -81,7 +84,7 @@ MAP = cells.Map(
     out="experiments/results/regime_map", command="python experiments/regime_map.py",
     seeds=(0, 1, 2), workers=1, a="pass_at_k", b="mean",
     arms={"mean": {"config": "configs/mean.py"}, "pass_at_k": {"config": "configs/pass_at_k.py"}},
-    cells=CELLS,
+    cells=CELLS, centre_at=CENTRE_AT,
     work=TrainerRuns(
         root=ROOT,
         # One start for every cell: the trade-off study's warm-up on levels 1-3 (modulus 50);

@@ -57,6 +57,7 @@ class Cell:
   value: str
   overrides: Mapping[str, Any]
   metrics: Mapping[str, str]
+  rank: float = 0.0  # where the cell sits on its factor's axis in the small multiples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Map:
   title: str
   setup: str
   centre: str = "centre"  # the cell every other cell is compared with in the small multiples
+  centre_at: Mapping[str, tuple[str, float]] = dataclasses.field(
+      default_factory=dict)  # factor -> the centre's value and rank on its axis
   workers: int = 1
   # Per-step training logs for the gap along training, by run directory: {step: {metric: v}}.
   log: Callable[[str], Mapping[int, Mapping[str, float]]] | None = None

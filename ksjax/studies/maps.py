@@ -149,6 +149,8 @@ def tables(m, summary: Mapping[str, Any]) -> list[str]:
     lines.append(f"| {c.name} | {c.factor} = {c.value} | {len(s['seeds'])} | " + " | ".join(
         _fmt(s["gaps"][l][last]) + f" (p {s['gaps'][l][last]['p_value']:.2f})"
         if l in s["gaps"] else "" for l in labels) + " |")
+  steps = sorted({st for c in m.cells for st in summary["cells"][c.name]["steps"]
+                  if summary["cells"][c.name]["finished"]})
   along = []
   for c in m.cells:
     s = summary["cells"][c.name]
@@ -156,22 +158,25 @@ def tables(m, summary: Mapping[str, Any]) -> list[str]:
       continue
     for l in [*c.metrics, KL]:
       along.append(f"| {c.name} | {l} | " + " | ".join(
-          f"{step}: {_fmt(s['gaps'][l][str(step)])}" for step in s["steps"]) + " |")
+          _fmt(s["gaps"][l][str(st)]) if str(st) in s["gaps"][l] else "" for st in steps) + " |")
+  log_steps = [str(st) for st in m.log_steps]
   logs = []
   for c in m.cells:
     s = summary["cells"][c.name]
     for metric, by_step in s["log_gaps"].items() if s["finished"] else ():
       logs.append(f"| {c.name} | {metric} | " + " | ".join(
-          f"{step}: {_fmt(g)}" for step, g in by_step.items()) + " |")
+          _fmt(by_step[st]) if st in by_step else "" for st in log_steps) + " |")
   out = ["## The gap at the last checkpoint", "", *lines, ""]
   if unfinished:
     out += ["Unfinished, not read: " + "; ".join(unfinished) + ".", ""]
   if along:
-    out += ["## The gap at every checkpoint", "", "| cell | gap at | checkpoints |", "|---|---|---|",
-            *along, ""]
+    out += ["## The gap at every checkpoint", "",
+            "| cell | gap at | " + " | ".join(f"step {st}" for st in steps) + " |",
+            "|" + "---|" * (2 + len(steps)), *along, ""]
   if logs:
     out += ["## The gap in the training log along training", "",
-            "| cell | metric | steps |", "|---|---|---|", *logs, ""]
+            "| cell | metric | " + " | ".join(f"step {st}" for st in log_steps) + " |",
+            "|" + "---|" * (2 + len(log_steps)), *logs, ""]
   return out
 
 
@@ -210,7 +215,9 @@ def figures(m, summary: Mapping[str, Any], out: str) -> None:
   fig = Figure(figsize=(3.2 * max(len(factors), 1), 3.0))
   axes = fig.subplots(1, max(len(factors), 1), squeeze=False)[0]
   for ax, factor in zip(axes, factors):
-    members = ([centre] if centre else []) + [c for c in m.cells if c.factor == factor]
+    label_at = {m.centre: m.centre_at.get(factor, ("centre", 0.0))}  # the centre's own
+    members = sorted(([centre] if centre else []) + [c for c in m.cells if c.factor == factor],
+                     key=lambda c: label_at[c.name][1] if c.name in label_at else c.rank)
     for offset, label in enumerate(labels[:-1]):
       xs, ys, lo, hi = [], [], [], []
       for x, c in enumerate(members):
@@ -224,7 +231,8 @@ def figures(m, summary: Mapping[str, Any], out: str) -> None:
         hi.append(g["ci_high"] - g["difference"])
       ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=label, color=f"C{offset}")
     ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.set_xticks(range(len(members)), [c.value for c in members], fontsize=7)
+    ax.set_xticks(range(len(members)), [label_at[c.name][0] if c.name in label_at else c.value
+                                         for c in members], fontsize=7, rotation=30)
     ax.set_title(factor, fontsize="small")
     ax.set_ylabel(f"{m.a} - {m.b}, last checkpoint")
   axes[0].legend(fontsize="x-small")
@@ -275,4 +283,5 @@ def publish(m, out: str) -> str:
   lines += ["Figures: `gaps_heatmap.png` (cells by checkpoints), `factors.png` (one panel per "
             "factor, the last checkpoint), `along_training.png`; every number: `summary.json`."]
   files.write_text(os.path.join(out, "README.md"), "\n".join(lines).rstrip("\n") + "\n")
-  return "\n".join(tables(m, summary)[:len(m.cells) + 4])
+  text = tables(m, summary)
+  return "\n".join(text[2:text.index("", 2)])  # the last checkpoint's table
