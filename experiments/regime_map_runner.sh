@@ -27,5 +27,7 @@ pid=$!
 echo "$pid" > regime_map.pid
 # With autogroup scheduling, nice ranks a process only within its session (docs/results.md, the
 # decisive study): lower the runner's whole session so that it yields to everyone else's work.
+# Only once setsid has made the runner's session (before, the write would lower this shell's).
+for _ in $(seq 50); do [ "$(ps -o sid= -p "$pid" | tr -d ' ')" = "$pid" ] && break; sleep 0.2; done
 [ -w "/proc/$pid/autogroup" ] && echo 19 > "/proc/$pid/autogroup" || true
 echo "regime map runner: pid $pid at $(git rev-parse --short HEAD) in $clone (log: $clone/regime_map.log)"
