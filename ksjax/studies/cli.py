@@ -97,6 +97,11 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
   runs = declaration_lib.runs_of(study, arms, seeds)
   pending = analysis.missing_runs(out, runs)
   start = study.work.has_start and not store.is_published(out, store.START)
+  if args.commit:  # runs a stopped session published but did not get to commit
+    for name in [store.START] + [r.name for r in runs]:
+      if store.is_published(out, name) and store.git(study.root, "status", "--porcelain", "--",
+                                                     store.run_dir(out, name)):
+        _commit(study, out, name, "published by an earlier session")
   if not pending and not start:
     return
   check = getattr(study.work, "check", None)  # each arm's run, before anything is written
