@@ -16,7 +16,7 @@ in `experiments/preregistration/embedded_regime_map.json` before its first run; 
 (`cells.py`, `maps.py`) runs, mirrors and reports it. No verdict: numbers with 95% intervals.
 
 The runner works in a clone at the map's fixed commit and publishes into the main checkout,
-committing each finished pair there (only its paths). To start it, or to resume it after any
+committing each finished run there (only its paths). To start it, or to resume it after any
 stop, from the main checkout's root (the clone: any directory outside the checkout):
 
   experiments/regime_map_runner.sh <clone directory> [commit]

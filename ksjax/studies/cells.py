@@ -8,11 +8,12 @@ publication, resume and the engines are the library's own), and adds what a map 
   order      runs go cell by cell in the declared order (a stopped map has whole cells, the
              first ones first), and within a cell seed by seed (a seed's two runs together);
   mirror     `--mirror=DIR`: a runner working in a clone of the repository (at the map's
-             fixed commit) copies each published pair's small files (records, logs, marks;
+             fixed commit) copies each published run's small files (records, logs, marks;
              never checkpoints) into DIR, the main checkout's copy of the output directory, and
              with `--commit` commits only those paths in DIR's repository, so that results
-             reach the main history while the runner keeps going; runs already in DIR are
-             copied back into the clone first and never run again;
+             reach the main history while the runner keeps going (with one worker each run as
+             it finishes, with more each pair); runs already in DIR are copied back into the
+             clone first and never run again;
   report     `maps.publish`: per cell and checkpoint the paired gap with its interval, heat maps
              and small multiples, exploratory and without a verdict, from whatever cells are
              published (a cell short of its seeds says so and is not read).
@@ -223,25 +224,31 @@ def _run(m: Map, s, declaration: str, args, out: str, prereg, cells: Sequence[st
   # The library's own flags, with its defaults, for its runner (the mirror commits, not it).
   run_args = cli.parser(s).parse_args(["--engine", args.engine, "--workers", str(args.workers)]
                                       + (["--allow_dirty"] if args.allow_dirty else []))
-  total = len(names) - 1
   for cell, seed in pairs(m):
     if cell.name not in cells:
       continue
     arms = [m.arm(cell, arm) for arm in (m.b, m.a)]
-    cli.run_study(s, declaration, run_args, out, prereg, arms, [seed])
-    if mirror_dir:
-      written = mirror(out, mirror_dir, names)
-      done = sum(store.is_published(out, n) for n in names[1:])
-      runs = [os.path.basename(p) for p in written if os.path.dirname(p).endswith("runs")]
-      if runs and args.commit:
-        mark = store.read_mark(out, runs[-1])
-        message = (f"{m.name} (#65): {', '.join(runs)} published at "
-                   f"{str(mark.get('commit'))[:7]} on {mark.get('machine')} ({done} of {total} "
-                   "runs), committed as it finished")
-        if not commit(mirror_dir, written, message):
-          _say(f"git commit in {mirror_dir} failed; commit {', '.join(written)} by hand")
-      if runs and seed == m.seeds[-1]:  # a cell is whole: the report says so at once
-        _report(m, mirror_dir, args.commit, f"cell {cell.name} is whole")
+    # One worker: each run on its own, mirrored and committed as it finishes; more: the pair.
+    for batch in ([[a] for a in arms] if args.workers == 1 else [arms]):
+      cli.run_study(s, declaration, run_args, out, prereg, batch, [seed])
+      if mirror_dir:
+        _mirror_and_commit(m, out, mirror_dir, names, args.commit)
+    if mirror_dir and seed == m.seeds[-1]:  # a cell is whole: the report says so at once
+      _report(m, mirror_dir, args.commit, f"cell {cell.name} is whole")
+
+
+def _mirror_and_commit(m: Map, out: str, into: str, names: Sequence[str], commit_it: bool
+                       ) -> None:
+  written = mirror(out, into, names)
+  runs = [os.path.basename(p) for p in written if os.path.dirname(p).endswith("runs")]
+  if runs and commit_it:
+    mark = store.read_mark(out, runs[-1])
+    done = sum(store.is_published(out, n) for n in names[1:])
+    message = (f"{m.name} (#65): {', '.join(runs)} published at {str(mark.get('commit'))[:7]} "
+               f"on {mark.get('machine')} ({done} of {len(names) - 1} runs), committed as it "
+               "finished")
+    if not commit(into, written, message):
+      _say(f"git commit in {into} failed; commit {', '.join(written)} by hand")
 
 
 def _report(m: Map, into: str, commit_it: bool, why: str) -> None:

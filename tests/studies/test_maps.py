@@ -73,12 +73,12 @@ def toy(tmp_path_factory):
   (main / "other.txt").write_text("another engineer's uncommitted work\n")
   _git(main, "add", "other.txt")  # staged, and must stay out of the map's commits
   m = declaration.load_module(str(path)).MAP
-  cells.main(m, str(path), ["--engine", "submitit-debug", "--allow_dirty",
+  cells.main(m, str(path), ["--engine", "submitit-debug", "--allow_dirty", "--workers", "1",
                             "--mirror", str(main / "results"), "--commit"])
   return m, path, tmp_path / "out", main
 
 
-def test_the_map_runs_cell_by_cell_and_commits_each_pair_where_the_mirror_is(toy):
+def test_the_map_runs_cell_by_cell_and_commits_each_run_where_the_mirror_is(toy):
   m, _, out, main = toy
   log = _git(main, "log", "--format=%s", "--name-only").split("\n")
   messages = [line for line in log if line.startswith("toy_map")][::-1]
@@ -86,10 +86,10 @@ def test_the_map_runs_cell_by_cell_and_commits_each_pair_where_the_mirror_is(toy
   # each cell is whole
   assert [msg.split(":")[1].split(" published")[0].strip() for msg in messages
           if " published at " in msg] == [
-              f"{c}__mean_s{s}, {c}__pass_at_k_s{s}" for c in ("k4", "k2") for s in (0, 1, 2)]
+              f"{c}__{a}_s{s}" for c in ("k4", "k2") for s in (0, 1, 2) for a in ARMS]
   reports = [i for i, msg in enumerate(messages) if "report regenerated" in msg]
   assert [messages[i].split("(")[-1] for i in reports] == ["cell k4 is whole)", "cell k2 is whole)"]
-  assert reports == [3, 7]  # right after each cell's last pair
+  assert reports == [6, 13]  # right after each cell's last run
   committed = _git(main, "ls-tree", "-r", "--name-only", "HEAD").split()
   assert "other.txt" not in committed  # staged by someone else: not the map's to commit
   assert not [p for p in committed if "/checkpoints/" in p]  # never the checkpoints
