@@ -52,6 +52,7 @@ from ksjax.config_validation import ConfigError
 from ksjax.lora_options import LoraSpec
 from ksjax.tasks import registry
 from ksjax.tasks.arithmetic import ArithmeticOptions
+from ksjax.tasks.planted import PlantedOptions
 from ksjax.tasks.reasoning_gym import ReasoningGymOptions
 from ksjax.tasks.synthetic import SyntheticOptions
 
@@ -170,6 +171,8 @@ class TaskSpec(cf.Spec):
   reasoning_gym: ReasoningGymOptions = section(
       ReasoningGymOptions, "reasoning-gym's generators for instruct models "
       "(ksjax.tasks.reasoning_gym; pip install -e \".[gym]\")")
+  planted: PlantedOptions = section(PlantedOptions, "a task whose objectives' optima are known "
+                                    "(ksjax.tasks.planted)")
   data: DataSpec = section(DataSpec, "a dataset task's data")
   tokenizer: TokenizerSpec = section(TokenizerSpec, "the model's tokenizer")
   chat: ChatSpec = section(ChatSpec, "the chat template's system prompt")
@@ -204,9 +207,14 @@ class TaskSpec(cf.Spec):
     return self.task == "synthetic"
 
   @property
+  def is_embedded(self) -> bool:
+    """Brings its own tokenizer and trains a fresh model (`registry.EMBEDDED_TASKS`)."""
+    return self.task in registry.EMBEDDED_TASKS
+
+  @property
   def is_generated(self) -> bool:
     """Generated in memory (no dataset to build)."""
-    return self.task == "synthetic" or self.task in registry.CHAT_TASKS
+    return self.is_embedded or self.task in registry.CHAT_TASKS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -750,7 +758,7 @@ class TrainSpec(cf.Spec):
     fill("eval", max_new_tokens=self.sampling.max_new_tokens)
 
   def _a_pretrained_task_needs_weights(self):
-    if not self.task.is_synthetic and not self.model.pretrained:
+    if not self.task.is_embedded and not self.model.pretrained:
       raise ConfigError(f"config.init_hf is missing; task {self.task.name!r} trains a "
                         "pre-trained model: expected a Hugging Face Llama directory (or "
                         "config.init_checkpoint, a ksjax.model checkpoint, or config.init_gguf, "

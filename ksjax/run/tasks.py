@@ -87,7 +87,7 @@ def make_task(task: TaskSpec, model: ModelSpec, eval_split: str) -> Task:
   """The task `task` names; a dataset task loads `eval_split` besides the training split."""
   kwargs = dict(correct_reward=task.correct_reward, wrong_reward=task.wrong_reward,
                 **(task.options.values() if task.options else {}))
-  if task.is_synthetic:
+  if task.is_embedded:
     return registry.make_task(task.name, **kwargs)
   if task.name in registry.CHAT_TASKS:
     tok = tokenizer(task, model)

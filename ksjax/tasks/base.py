@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,6 +110,23 @@ class Task(abc.ABC):
     """Turns one normalized dataset record (as the `ksjax.tasks.data` pipeline stores it) into a
     Prompt, so the trainer can map the grain pipeline's records to prompts."""
     raise NotImplementedError(f"task {self.name!r} does not read dataset records")
+
+
+def exact_answer_scores(prompts: Sequence[Prompt], completions: Sequence[Sequence[str]],
+                        extract: Callable[[str], str | None], correct_reward: float,
+                        wrong_reward: float) -> list[GroupScore]:
+  """`Task.score` for tasks whose answers are canonical strings: a completion is right when
+  `extract` (which never raises) gives str(prompt.reference), and its class is its answer."""
+  if len(prompts) != len(completions):
+    raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
+  scores = []
+  for prompt, group in zip(prompts, completions):
+    answers = tuple(extract(c) for c in group)
+    correct = np.asarray([a == str(prompt.reference) for a in answers], dtype=bool)  # [n]
+    rewards = np.where(correct, correct_reward, wrong_reward).astype(np.float32)
+    scores.append(GroupScore(rewards=rewards, correct=correct, answers=answers,
+                             answer_ids=answer_classes(answers)))
+  return scores
 
 
 def answer_classes(keys: Sequence[Any]) -> np.ndarray:

@@ -75,7 +75,7 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from ksjax import config_fields as cf
 from ksjax import config_validation as cv
-from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, answer_classes
+from ksjax.tasks.base import DataError, GroupScore, Prompt, Task, exact_answer_scores
 from ksjax.tokenization import Tokenizer
 
 DEFAULT_MODULUS = 10
@@ -414,13 +414,5 @@ class SyntheticTask(Task):
 
   def score(self, prompts: Sequence[Prompt],
             completions: Sequence[Sequence[str]]) -> list[GroupScore]:
-    if len(prompts) != len(completions):
-      raise ValueError(f"{len(prompts)} prompts but {len(completions)} completion groups")
-    scores = []
-    for prompt, group in zip(prompts, completions):
-      answers = tuple(extract_answer(c) for c in group)
-      correct = np.asarray([a == str(prompt.reference) for a in answers], dtype=bool)  # [n]
-      rewards = np.where(correct, self.correct_reward, self.wrong_reward).astype(np.float32)
-      scores.append(GroupScore(rewards=rewards, correct=correct, answers=answers,
-                               answer_ids=answer_classes(answers)))
-    return scores
+    return exact_answer_scores(prompts, completions, extract_answer, self.correct_reward,
+                               self.wrong_reward)

@@ -14,7 +14,7 @@ from ksjax import config_fields as cf
 from ksjax.config_validation import ConfigError
 from ksjax.run import config as run_config
 from ksjax.run import spec as spec_lib
-from ksjax.tasks import arithmetic, reasoning_gym, registry, synthetic
+from ksjax.tasks import arithmetic, planted, reasoning_gym, registry, synthetic
 from tests import support
 
 CONFIGS = sorted(name[:-3] for name in os.listdir(support.REPO / "configs")
@@ -31,7 +31,7 @@ def load(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_config_file_reads_into_a_spec_that_says_what_the_file_says(name):
   config = load(name)
-  if config.task != "synthetic" and not (config.init_hf or config.init_checkpoint
+  if config.task not in registry.EMBEDDED_TASKS and not (config.init_hf or config.init_checkpoint
                                          or config.init_gguf):
     config.init_hf = "some Hugging Face directory"
   spec = spec_lib.from_config(config)
@@ -284,7 +284,8 @@ def test_each_task_declares_its_options_and_the_run_takes_them_from_the_registry
   task_fields = {f.name: f for f in dataclasses.fields(spec_lib.TaskSpec)}
   assert registry.OPTIONS == {"synthetic": synthetic.SyntheticOptions,
                               "arithmetic": arithmetic.ArithmeticOptions,
-                              "reasoning_gym": reasoning_gym.ReasoningGymOptions}
+                              "reasoning_gym": reasoning_gym.ReasoningGymOptions,
+                              "planted": planted.PlantedOptions}
   for task, options in registry.OPTIONS.items():
     assert task in registry.TASKS and task_fields[task].default_factory is options
   assert [name for name, _, _ in cf.leaves(spec_lib.TrainSpec)
@@ -298,7 +299,7 @@ def test_each_task_declares_its_options_and_the_run_takes_them_from_the_registry
   assert synthetic.SyntheticTask.__init__.__kwdefaults__["train_per_level"] == (
       synthetic.SyntheticOptions().train_per_level)
   with pytest.raises(ConfigError, match=r"^config\.task='chess' is not accepted; expected one "
-                                        r"of 'synthetic', 'arithmetic', 'reasoning_gym'"):
+                                        r"of 'synthetic', 'planted', 'arithmetic'"):
     spec_lib.TaskSpec(task="chess")
 
 
