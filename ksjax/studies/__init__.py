@@ -8,7 +8,9 @@ runs the missing runs on an engine (`engines.py`: a local pool of worker process
 submitit for SLURM), each run trained, evaluated and published by `jobs.py` into the run store
 (`store.py`, never overwriting a published run), then collects and pairs the published runs
 (`analysis.py`), judges them against the registration (`verdicts.py`; no verdict while a
-registered run is missing) and writes the tables, figures and README (`report.py`).
+registered run is missing) and writes the tables, figures and README (`report.py`). Beside
+them: the budget from shortened runs (`budget.py`) and the carry of unpublished runs' records to
+the next machine (`carry.py`). docs/usage.md, "Studies", shows the commands.
 
 Nothing below this package imports it: it sits above the trainer and the eval binary.
 """
