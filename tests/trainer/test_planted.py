@@ -11,11 +11,14 @@ of its own optimum's. Pass@k training's held-out pass@k must beat mean training'
 the closed forms predict, within what those tolerances allow.
 
 TOLERANCE is in the objective's value (probability units, per unit of a mixture's weights). It is
-what sampling noise leaves: with Adam at a constant learning rate the policy keeps moving around
-the optimum. On the training trajectories of seeds 1 and 2 (every objective, a checkpoint every 5
-steps to step 100), no checkpoint from step 60 on was more than 0.0052 below its own optimum;
-the closed forms themselves are exact. It is far below the distances it must tell apart: the
-start is 0.13 to 0.19 below every optimum, and the mean's optimum is 0.34 below pass@4's.
+what sampling noise and the slowest approach leave: with Adam at a constant learning rate the
+policy keeps moving around the optimum, and the mean nears its optimum (all mass on A) only as
+fast as B is still sampled. On the training trajectories of seeds 0 (to step 200,
+experiments/planted.py), 1 and 2 (to step 100), a checkpoint every 5 steps, no checkpoint from
+step 60 on was more than 0.0106 below its own optimum (the biased pass@k's, once; the mean's at
+step 60: 0.0092, 0.0050, 0.0047). TOLERANCE is twice that; the closed forms themselves are exact.
+It is far below the distances it must tell apart: the start is 0.13 to 0.19 below every optimum,
+and the mean's optimum 0.34 below pass@4's.
 """
 
 import numpy as np
@@ -32,7 +35,7 @@ from tests import support
 
 configs = support.load_module(support.REPO / "configs" / "planted.py", "planted_config")
 STEPS = 60
-TOLERANCE = 0.01
+TOLERANCE = 0.02
 
 
 def _train(objective, workdir, start=None, **overrides):
@@ -79,7 +82,7 @@ def _gap(target, q, f):
 def test_planted_start_is_far_from_every_optimum(planted):
   task, q_start, trained = planted
   for name, (target, _) in trained.items():
-    assert _gap(target, q_start, task.frequencies()) > 10 * TOLERANCE, name
+    assert _gap(target, q_start, task.frequencies()) > 5 * TOLERANCE, name
 
 
 @pytest.mark.parametrize("name", list(configs.OBJECTIVES))
@@ -97,7 +100,7 @@ def test_planted_pass_at_k_training_beats_mean_training_by_the_predicted_margin(
   """pass@k(pass@k-trained) - pass@k(mean-trained) against pass@k(q*_pass) - pass@k(q*_mean).
   Allowed: TOLERANCE for the pass@k run, plus the most pass@k can differ from its value at the
   mean's optimum over the two-answer policies within TOLERANCE of the mean's optimum (pass@4 is
-  steep where the mean's optimum puts no mass on B: 0.07 at TOLERANCE 0.01)."""
+  steep where the mean's optimum puts no mass on B: 0.14 at TOLERANCE 0.02)."""
   task, _, trained = planted
   f = task.frequencies()
   (pass_k, q_pass), (mean, q_mean) = trained["pass_at_k"], trained["mean"]
