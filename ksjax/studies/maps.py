@@ -19,6 +19,7 @@ the same records give the same report.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -101,14 +102,16 @@ def cell_summary(m, cell, out: str) -> dict[str, Any]:
 
 
 def trainer_log(run_dir: str, window: int = 1) -> dict[int, dict[str, float]]:
-  """The trainer's metrics.jsonl of a run directory: {step: {metric: value}} (empty without
+  """The trainer's metrics.jsonl (or metrics.jsonl.gz) of a run directory: {step: {metric: value}} (empty without
   one), each value the mean over the `window` logged steps up to the step (fewer at the start;
   a resumed run's repeated steps count once, the last)."""
   path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not os.path.exists(path) and os.path.exists(path + ".gz"):
+    path += ".gz"  # as a map's mirror keeps it
+  elif not os.path.exists(path):
     return {}
   rows = {}
-  with open(path, encoding="utf-8") as f:
+  with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
     for line in f:
       if line.strip():
         row = json.loads(line)

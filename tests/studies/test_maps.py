@@ -4,6 +4,7 @@ checkout's directory and commits only those paths there, never runs a mirrored r
 reports every cell's paired gap with its interval, without a verdict, from whatever is
 published."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -166,6 +167,10 @@ def test_the_training_log_is_read_with_a_window(tmp_path):
   log = maps.trainer_log(str(tmp_path), window=2)
   assert log[1] == {"kl/k3": 1.0} and log[2]["kl/k3"] == 1.5 and log[4]["kl/k3"] == (99.0 + 4.0) / 2
   assert maps.trainer_log(str(tmp_path / "none")) == {}
+  packed = tmp_path / "packed"
+  packed.mkdir()
+  (packed / "metrics.jsonl.gz").write_bytes(gzip.compress((tmp_path / "metrics.jsonl").read_bytes()))
+  assert maps.trainer_log(str(packed), window=2) == log  # as a mirror keeps it
 
 
 def test_a_mirror_copies_records_and_logs_never_checkpoints_or_policies(tmp_path):
@@ -179,9 +184,39 @@ def test_a_mirror_copies_records_and_logs_never_checkpoints_or_policies(tmp_path
     store.publish(str(out), run, {"machine": "cpu A"})
   written = cells.mirror(str(out), str(into), ["start", "a_s0", "b_s0"])
   got = sorted(str(p.relative_to(into)) for p in into.rglob("*") if p.is_file())
-  run = ["config.json", "eval/test/start/x", "eval/test/step_00000001.json", "metrics.jsonl",
+  run = ["config.json", "eval/test/start/x", "eval/test/step_00000001.json", "metrics.jsonl.gz",
          store.MARK]
   assert got == sorted([f"runs/a_s0/{p}" for p in run] + [f"runs/start/{p}" for p in run]
                        + ["runs/start/start/x"])  # the shared start's policy alone
   assert sorted(written) == sorted(str(into / "runs" / r) for r in ("start", "a_s0"))
   assert cells.mirror(str(out), str(into), ["start", "a_s0"]) == []  # mirrored already
+  packed = into / "runs" / "a_s0" / "metrics.jsonl.gz"
+  assert gzip.decompress(packed.read_bytes()) == b"1"  # the step log, compressed
+  cells.mirror(str(out), str(tmp_path / "again"), ["a_s0"])
+  assert (tmp_path / "again" / "runs" / "a_s0" / "metrics.jsonl.gz").read_bytes() == (
+      packed.read_bytes())  # the same bytes from the same log
+
+
+def test_a_refused_commit_is_said_and_made_with_the_next_run(tmp_path, capsys):
+  """A mirror its repository ignores is not committed, and the runner says why; once the
+  .gitignore makes an exception, the next run's commit takes the earlier run too."""
+  import types
+  repo, out = tmp_path / "main", tmp_path / "out"
+  repo.mkdir()
+  _git(repo, "init", "-q")
+  (repo / ".gitignore").write_text("runs/\n")
+  into = repo / "results"
+  m = types.SimpleNamespace(name="toy")
+  names = ["start", "a_s0", "b_s0"]
+  for name in names[1:]:
+    (out / "runs" / name).mkdir(parents=True)
+    (out / "runs" / name / "config.json").write_text(name)
+  store.publish(str(out), "a_s0", {"commit": "c" * 40, "machine": "cpu A"})
+  cells._mirror_and_commit(m, str(out), str(into), names, True)  # pylint: disable=protected-access
+  assert "ignored by a .gitignore" in capsys.readouterr().out
+  assert _git(repo, "log", "--oneline", "--all") == ""  # nothing committed
+  (repo / ".gitignore").write_text("runs/\n!/results/runs/\n")
+  store.publish(str(out), "b_s0", {"commit": "c" * 40, "machine": "cpu A"})
+  cells._mirror_and_commit(m, str(out), str(into), names, True)  # pylint: disable=protected-access
+  assert _git(repo, "log", "--format=%s").startswith("toy (#65): a_s0, b_s0 published at cccccc")
+  assert "results/runs/a_s0/config.json" in _git(repo, "ls-tree", "-r", "--name-only", "HEAD")
