@@ -280,7 +280,14 @@ def publish(m, out: str) -> str:
            f"Produced by `{m.command}` from the published records"
            + (f"; the runs trained at ksjax commit `{str(provenance.get('commit'))[:7]}` on "
               f"{provenance.get('machine')}" if provenance.get("commit") else "") + ".", "",
-           m.setup, "", *tables(m, summary)]
+           m.setup, ""]
+  start = summary["start"] or {}
+  if start.get("groups"):
+    lines += ["The start (step 0, held-out): " + "; ".join(
+        f"{group}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items() if k in (
+            "pass@1", "pass@4", "pass@64")) for group, values in sorted(start["groups"].items()))
+              + ".", ""]
+  lines += tables(m, summary)
   if m.notes:
     lines += [m.notes, ""]
   lines += ["Figures: `gaps_heatmap.png` (cells by checkpoints), `factors.png` (one panel per "
