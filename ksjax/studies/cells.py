@@ -193,9 +193,9 @@ def _say(message: str) -> None:
 def _parser(m: Map) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=m.command, description=f"The {m.name} map (exploratory).")
   p.add_argument("--out", help=f"output directory (default: {m.out})")
-  p.add_argument("--mirror", help="the main checkout's output directory: each published pair "
+  p.add_argument("--mirror", help="the main checkout's output directory: each published run "
                  "is copied there (and committed there with --commit); its runs are not rerun")
-  p.add_argument("--commit", action="store_true", help="git-commit each mirrored pair")
+  p.add_argument("--commit", action="store_true", help="git-commit each mirrored run")
   p.add_argument("--cells", help="a comma-separated subset of the cells (in declared order)")
   p.add_argument("--workers", type=int, default=m.workers)
   p.add_argument("--engine", default="local")
