@@ -4,8 +4,9 @@
   python benchmarks/calibrate_embedded_modulus.py --moduli=20,50 --problems=12 --samples=100
 
 What it measures: for each modulus, the start of `experiments/tradeoff.py` made exactly as the
-study makes it (its `start_config`: configs/pass_at_k.py, the study's levels, warm-up steps
-and task settings, `study.modulus` set to the candidate, no RL step) by the trainer, then
+study makes it (its declaration's `work.start_config`: configs/pass_at_k.py, the study's levels,
+warm-up steps and task settings, `synthetic.modulus` set to the candidate, no RL step) by the
+trainer, then
 `--samples` completions per problem at temperature 1 and top-p 1 (the study's evaluation
 settings) on the first `--problems` TRAINING problems of each level, scored by the task; pass@k
 is the unbiased estimator over the samples. The held-out test split is never sampled here: the
@@ -83,7 +84,7 @@ _SEED = flags.DEFINE_integer("sample_seed", 0, "Sampling seed.")
 
 
 def load_study():
-  """experiments/tradeoff.py as a module (it defines the --study flag, unused here)."""
+  """experiments/tradeoff.py, the trade-off study's declaration, as a module."""
   name = "ksjax_calibration_tradeoff"
   spec = importlib.util.spec_from_file_location(
       name, os.path.join(REPO, "experiments", "tradeoff.py"))
@@ -99,12 +100,10 @@ def calibrate(tradeoff, modulus: int, out: str) -> list[tuple]:
   answered, warm-up and sampling seconds)
   per level and one for all levels (level 0)."""
   from ksjax.trainer import loop  # pylint: disable=g-import-not-at-top
-  study = tradeoff.study_config()
-  study.modulus = modulus
-  study.out = os.path.join(out, f"m{modulus}")
+  config = tradeoff.STUDY.work.start_config(os.path.join(out, f"m{modulus}"))
+  config.synthetic.modulus = modulus
   if _WARMUP.value is not None:
-    study.warmup_steps = _WARMUP.value
-  config = tradeoff.start_config(study)
+    config.sft_warmup.steps = _WARMUP.value
   started = time.time()
   loop.run(config)
   warmup_seconds = time.time() - started
@@ -125,7 +124,8 @@ def calibrate(tradeoff, modulus: int, out: str) -> list[tuple]:
 
   started = time.time()
   outcomes = scoring.evaluate(policy, task, prompts, draw, seed=_SEED.value,
-                              batch_prompts=study.eval.batch_prompts, mesh=mesh, measure=answered)
+                              batch_prompts=tradeoff.SETTINGS["eval"]["batch_prompts"], mesh=mesh,
+                              measure=answered)
   sample_seconds = time.time() - started
   ks = tuple(k for k in (1, 10, 100) if k <= _SAMPLES.value)
   values = scoring.per_problem(outcomes.correct_gn, outcomes.answer_ids_gn, outcomes.rewards_gn,
@@ -154,9 +154,9 @@ def main(argv) -> None:
       print(f"modulus {modulus} done ({(time.time() - started) / 60:.1f} min)", flush=True)
   finally:
     shutil.rmtree(out, ignore_errors=True)
-  study = tradeoff.study_config()
-  print(f"\nThe study's start (levels {tuple(study.levels)}, "
-        f"{_WARMUP.value or study.warmup_steps} warm-up steps) on the first {_PROBLEMS.value} "
+  settings = tradeoff.SETTINGS
+  print(f"\nThe study's start (levels {tuple(settings['levels'])}, "
+        f"{_WARMUP.value or settings['warmup_steps']} warm-up steps) on the first {_PROBLEMS.value} "
         f"training problems per level, {_SAMPLES.value} samples each, temperature 1; "
         f"{(time.time() - started) / 60:.1f} min in all")
   names = [f"pass@{k}" for k in (1, 10, 100) if k <= _SAMPLES.value]
