@@ -3,8 +3,9 @@
 Each arm's seed-0 run is made with the work's own code at this commit on this machine, shortened
 to a few steps and checkpoints (`work.shortened`), into a scratch directory that is never
 published; its mark's CPU and wall seconds are then scaled to the declared run (`work.schedule`:
-training time with the steps, evaluation time with the checkpoints) and to every seed. The
-projection is an estimate on this machine: another CPU, another budget.
+training time with the steps, evaluation time with the checkpoints) and to every seed. A shared
+start is made whole (the runs' cost depends on it) and counted once. The projection is an
+estimate on this machine: another CPU, another budget.
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ def measure(study, declaration: str, scratch: str, arms: Sequence[str], steps: i
   return {arm: store.read_mark(scratch, name) for arm, name in zip(arms, names)}
 
 
-def projection(study, measured: dict[str, dict], steps: int, seeds: int) -> dict[str, Any]:
-  """Scales each arm's measured seconds to its declared schedule and to `seeds` seeds."""
-  arms, cpu = {}, 0.0
+def start_seconds(study, scratch: str) -> float:
+  """The shared start's seconds, as `measure` made it in `scratch` (0 without a start)."""
+  if not study.work.has_start:
+    return 0.0
+  return float(store.read_mark(scratch, store.START).get("seconds", 0.0))
+
+
+def projection(study, measured: dict[str, dict], steps: int, seeds: int,
+               start: float = 0.0) -> dict[str, Any]:
+  """Scales each arm's measured seconds to its declared schedule and to `seeds` seeds, plus the
+  shared start's `start` seconds once."""
+  arms, cpu = {}, start
   for arm, mark in measured.items():
     full_steps, full_checkpoints = study.work.schedule(study.arms[arm])
     _, short_checkpoints = study.work.schedule(study.work.shortened(study.arms[arm], steps))
@@ -37,12 +47,15 @@ def projection(study, measured: dict[str, dict], steps: int, seeds: int) -> dict
     arms[arm] = {"wall_seconds_per_run": train + evaluate,
                  "cpu_seconds_per_run": (train + evaluate) * share}
     cpu += arms[arm]["cpu_seconds_per_run"] * seeds
-  return {"arms": arms, "seeds": seeds, "cpu_hours": cpu / 3600, "measured_steps": steps}
+  return {"arms": arms, "seeds": seeds, "cpu_hours": cpu / 3600, "measured_steps": steps,
+          "start_seconds": start}
 
 
 def line(estimate: dict[str, Any], workers: int) -> str:
   return (f"budget: about {estimate['cpu_hours']:.2f} CPU-hours for {len(estimate['arms'])} arms "
           f"x {estimate['seeds']} seeds (measured on {estimate['measured_steps']}-step runs here;"
           f" about {estimate['cpu_hours'] / max(workers, 1) * 60:.1f} min of wall time on "
-          f"{workers} workers)")
+          f"{workers} workers"
+          + (f"; the shared start, made whole and counted once: {estimate['start_seconds']:.0f} s"
+             if estimate.get("start_seconds") else "") + ")")
 

@@ -153,7 +153,8 @@ def _budget(study, declaration: str, args, prereg, arms, seeds) -> None:
   """Prints the projected budget from shortened runs in a scratch directory (then removed)."""
   with tempfile.TemporaryDirectory(prefix=f"{study.name}_budget_") as scratch:
     measured = budget.measure(study, os.path.abspath(declaration), scratch, arms, args.budget)
-  estimate = budget.projection(study, measured, args.budget, len(seeds))
+    start = budget.start_seconds(study, scratch)
+  estimate = budget.projection(study, measured, args.budget, len(seeds), start)
   registered = prereg.raw.get("budget", {}).get("cpu_hours")
   _say(budget.line(estimate, args.workers)
        + (f"; the registration says about {registered} CPU-hours" if registered else ""))

@@ -183,6 +183,17 @@ def test_carried_records_come_back_only_where_the_run_is_retrained_alike(toy, st
   assert len((carried / carry.RESTORES).read_text().splitlines()) == 2
 
 
+def test_the_budget_counts_a_shared_start_once(toy):
+  """A study with a shared start: the start's seconds are added once, not per run or seed."""
+  from ksjax.studies import budget
+  mark = {"train_seconds": 2.0, "eval_seconds": 1.0, "cpu_seconds": 3.0}
+  without = budget.projection(toy, {"mean": mark}, 10, 3)
+  with_start = budget.projection(toy, {"mean": mark}, 10, 3, start=360.0)
+  assert with_start["cpu_hours"] == pytest.approx(without["cpu_hours"] + 0.1)
+  assert "counted once: 360 s" in budget.line(with_start, 2)
+  assert "counted once" not in budget.line(without, 2)
+
+
 def test_the_budget_is_measured_on_shortened_runs(toy, tmp_path):
   from ksjax.studies import budget
   measured = budget.measure(toy, TOY, str(tmp_path), ["mean"], 10)
