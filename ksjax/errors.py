@@ -129,6 +129,20 @@ def _no_disk_full_report(record: logging.LogRecord) -> bool:
     return True
 
 
+# Orbax logs through absl's logger; asyncio logs "Future exception was never retrieved" for each
+# of Orbax's write futures that failed and was then dropped, as it is garbage collected (at any
+# time after the failure, often at exit, after the boundary's line).
+DISK_FULL_QUIET_LOGGERS = ("absl", "asyncio")
+
+
+def quiet_disk_full_reports() -> None:
+  """Adds `_no_disk_full_report` to the loggers that report a failed write on their own."""
+  for name in DISK_FULL_QUIET_LOGGERS:
+    logger = logging.getLogger(name)
+    if _no_disk_full_report not in logger.filters:
+      logger.addFilter(_no_disk_full_report)
+
+
 def is_orbax_leftover(unraisable) -> bool:
   """Whether an unraisable exception is what a failed Orbax save or restore leaves behind: a
   TensorStore callback onto Orbax's event loop, already closed ("Event loop is closed", raised in
@@ -332,7 +346,7 @@ def boundary(prog: str, main: Callable[[list[str]], Any],
 
   def wrapped(argv: list[str]) -> Any:
     quiet_library_info()  # before the hold: see there
-    logging.getLogger("absl").addFilter(_no_disk_full_report)  # Orbax logs through absl's
+    quiet_disk_full_reports()
     drop_orbax_leftovers()
     hold = LogHold(release_on_stdout=True)
     _BOUNDARY.append(hold)

@@ -189,3 +189,28 @@ def test_a_good_run_prints_its_output_through_the_boundary(tmp_path):
                  "--fake_devices=4", "--config.mesh=(1,4,1)", "--prompt_len=10"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.startswith("model: ") and "eval KV cache" in result.stdout
+
+
+def _drop_failed_future(error: BaseException) -> None:
+  """What a failed Orbax save leaves: a future that failed and is dropped unread; asyncio logs
+  "exception was never retrieved" as it is garbage collected."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import gc  # pylint: disable=g-import-not-at-top
+  loop = asyncio.new_event_loop()
+  try:
+    future = loop.create_future()
+    future.set_exception(error)
+    del future
+    gc.collect()
+  finally:
+    loop.close()
+
+
+def test_a_dropped_future_of_a_full_disk_logs_nothing_but_other_failures_still_log(caplog):
+  errors.quiet_disk_full_reports()
+  caplog.set_level(logging.ERROR, logger="asyncio")
+  _drop_failed_future(ValueError("OUT_OF_RANGE: Error writing \"x\": Failed to write 107000 "
+                                 "bytes to file 7: File too large [os_error_code='27']"))
+  assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+  _drop_failed_future(ValueError("OUT_OF_RANGE: something else [os_error_code='5']"))
+  assert [r for r in caplog.records if r.name == "asyncio"], caplog.text
