@@ -39,43 +39,44 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import decisive_study as ds  # pylint: disable=wrong-import-position
-import real_model_study as rms  # pylint: disable=wrong-import-position
+from decisive_study import STUDY  # pylint: disable=wrong-import-position
 
 from ksjax import files, machine  # pylint: disable=wrong-import-position
 from ksjax.evaluation import results  # pylint: disable=wrong-import-position
+from ksjax.studies import registered as reg  # pylint: disable=wrong-import-position
+from ksjax.studies import runs_dir as rd  # pylint: disable=wrong-import-position
 from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
 
 CONFIG = "smollm2_pass_at_k_lora"
 ARM = "pass_at_k_lora"
 FULL_ARM = "pass_at_k"  # the decisive study's run it is set beside
 SEEDS = (0, 1)
-DEFAULT_OUT = os.path.join(ds.REPO, "experiments", "results", "lora_sanity")
+DEFAULT_OUT = os.path.join(STUDY.root, "experiments", "results", "lora_sanity")
 # The decisive study's runs when the LoRA runs were made, superseded by its restart (a pilot).
-PILOT_OUT = os.path.join(ds.REPO, "experiments", "results", "decisive_study_7f27d15")
+PILOT_OUT = os.path.join(STUDY.root, "experiments", "results", "decisive_study_7f27d15")
 METRICS = ("pass@1", "pass@4", "pass@16", "maj@4", "kl")  # kl: k3 per completion, to the start
 
 
-def lora_design() -> ds.Design:
+def lora_design() -> reg.Design:
   """The decisive study's design, on the LoRA config, with the one LoRA arm."""
-  d = ds.design(ds.load_registration())
+  d = reg.design(STUDY, STUDY.load_registration())
   full = d.arms[FULL_ARM]
   return dataclasses.replace(d, config=CONFIG, arms={ARM: {**full, "seeds": list(SEEDS)}})
 
 
-def run(d: ds.Design, runs_dir: str, out: str, seeds) -> None:
+def run(d: reg.Design, runs_dir: str, out: str, seeds) -> None:
   """Each seed's LoRA run trained (or resumed), evaluated at its last step, published."""
   for seed in seeds:
     _train_and_publish(d, ARM, seed, runs_dir, out)
 
 
-def train_full(full_d: ds.Design, runs_dir: str, out: str, seeds, full_outs) -> None:
+def train_full(full_d: reg.Design, runs_dir: str, out: str, seeds, full_outs) -> None:
   """The full run of each seed whose LoRA run is published, ran on this machine alone, and has
   no full run on that machine in `full_outs`: trained here with the study's design, evaluated as
   the LoRA run was, published to `out`."""
   here = machine.describe()
   for seed in seeds:
-    lora = _published(out, rms.run_name(ARM, seed))
+    lora = _published(out, rd.run_name(ARM, seed))
     if lora is None or full_run(seed, lora["machines"], full_outs) is not None:
       continue
     if lora["machines"] != [here]:
@@ -85,51 +86,50 @@ def train_full(full_d: ds.Design, runs_dir: str, out: str, seeds, full_outs) -> 
     _train_and_publish(full_d, FULL_ARM, seed, runs_dir, out)
 
 
-def _train_and_publish(d: ds.Design, arm: str, seed: int, runs_dir: str, out: str) -> None:
-  name = rms.run_name(arm, seed)
-  if ds.published(out, name):
+def _train_and_publish(d: reg.Design, arm: str, seed: int, runs_dir: str, out: str) -> None:
+  name = rd.run_name(arm, seed)
+  if reg.published(out, name):
     return
-  rms.real_model().run_config(name, runs_dir, config=d.config,
-                              overrides=ds.train_overrides(d, arm, seed), held_out=False)
-  last = rms._last_step(runs_dir, name)  # pylint: disable=protected-access
+  rd.train(STUDY.root, runs_dir, name, d.config, reg.train_overrides(d, arm, seed))
+  last = rd.last_step(runs_dir, name)
   if last != d.steps:
     raise SystemExit(f"lora_sanity: {name} ended at step {last}, not {d.steps}")
-  if last not in ds.records(ds.eval_dir(runs_dir, name, "eval")):
-    ds.evaluate(d, runs_dir, name, "eval", [last], include_start=False)
+  if last not in reg.records(reg.eval_dir(runs_dir, name, "eval")):
+    reg.evaluate(STUDY, d, runs_dir, name, "eval", [last], include_start=False)
   publish(d, runs_dir, out, name, arm, seed, last)
-  rms.prune_checkpoints(runs_dir, name)
+  rd.prune_checkpoints(runs_dir, name)
 
 
-def publish(d: ds.Design, runs_dir: str, out: str, name: str, arm: str, seed: int,
+def publish(d: reg.Design, runs_dir: str, out: str, name: str, arm: str, seed: int,
             last: int) -> None:
-  target = rms.publish_run_files(runs_dir, out, name)
+  target = rd.publish_run_files(STUDY.root, runs_dir, out, name)
   evaluations = json.load(open(os.path.join(runs_dir, name, "evaluations.json"),
                                encoding="utf-8"))
   files.write_json(os.path.join(target, "evaluations.json"), evaluations)
-  record = ds.records(ds.eval_dir(runs_dir, name, "eval"))[last]
+  record = reg.records(reg.eval_dir(runs_dir, name, "eval"))[last]
   os.makedirs(os.path.join(target, "eval"), exist_ok=True)
   results.save_step(os.path.join(target, "eval"),
-                    rms._relative_checkpoint(record, runs_dir))  # pylint: disable=protected-access
+                    rd.relative_checkpoint(record, runs_dir))
   attempts = json.load(open(os.path.join(runs_dir, name, "attempts.json"), encoding="utf-8"))
   rows = metrics.read_jsonl(os.path.join(target, "metrics.jsonl"))
   files.write_json(os.path.join(target, "published.json"), {
       "arm": arm, "seed": seed, "stop": "steps", "last_step": last, "config": d.config,
       "cpu_seconds": max(r.get("time/cpu_seconds", 0.0) for r in rows),
       "evaluated": {"eval": [last]},
-      "machines": ds._machines(attempts, evaluations)})  # pylint: disable=protected-access
+      "machines": reg.run_machines(attempts, evaluations)})
 
 
 def _published(out: str, name: str) -> dict | None:
   """Run `name`'s publication record in `out`, or None where it is not published there."""
-  if not ds.published(out, name):
+  if not reg.published(out, name):
     return None
-  return rms._published_json(out, name, "published.json")  # pylint: disable=protected-access
+  return rd.published_json(out, name, "published.json")
 
 
 def full_run(seed: int, machines: list[str], full_outs) -> str | None:
   """The directory that holds seed `seed`'s full run: the first of `full_outs` with a published
   `pass_at_k` run of that seed that ran on `machines` (the LoRA run's), or None."""
-  name = rms.run_name(FULL_ARM, seed)
+  name = rd.run_name(FULL_ARM, seed)
   for out in full_outs:
     pub = _published(out, name)
     if pub is not None and pub["machines"] == machines:
@@ -139,19 +139,19 @@ def full_run(seed: int, machines: list[str], full_outs) -> str | None:
 
 def _commit(out: str, name: str) -> str:
   """The commit a published run trained at (its first attempt's)."""
-  attempts = rms._published_json(out, name, "attempts.json")  # pylint: disable=protected-access
+  attempts = rd.published_json(out, name, "attempts.json")
   return attempts[0].get("commit", "unrecorded")[:7]
 
 
 def _values(directory: str, step: int) -> dict[str, float] | None:
-  by_step = ds.records(os.path.join(directory, "eval"))
+  by_step = reg.records(os.path.join(directory, "eval"))
   if step not in by_step:
     return None
   m = by_step[step]["metrics"]
   return {k: m.get("kl_k3" if k == "kl" else k, float("nan")) for k in METRICS}
 
 
-def report(d: ds.Design, out: str, full_outs, seeds) -> str:
+def report(d: reg.Design, out: str, full_outs, seeds) -> str:
   """The table of each seed's two runs at step 12 and their differences (a pure function of the
   published records)."""
   lines = [f"# LoRA against full fine-tuning on SmolLM2-135M, pass@4 training, step {d.steps}",
@@ -160,7 +160,7 @@ def report(d: ds.Design, out: str, full_outs, seeds) -> str:
            + " | training CPU-min | commit | machine |", "|---|---|" + "---|" * (len(METRICS) + 3)]
   left_out, sources = [], []
   for seed in seeds:
-    lora_name, full_name = rms.run_name(ARM, seed), rms.run_name(FULL_ARM, seed)
+    lora_name, full_name = rd.run_name(ARM, seed), rd.run_name(FULL_ARM, seed)
     lora = _published(out, lora_name)
     full_out = None if lora is None else full_run(seed, lora["machines"], full_outs)
     if full_out is None:
@@ -168,7 +168,7 @@ def report(d: ds.Design, out: str, full_outs, seeds) -> str:
                                           else "no full run on its LoRA run's machine yet"))
       continue
     sources.append(f"seed {seed}'s full run from "
-                   f"`{os.path.relpath(os.path.join(full_out, full_name), ds.REPO)}`")
+                   f"`{os.path.relpath(os.path.join(full_out, full_name), STUDY.root)}`")
     runs = {"full": (full_out, full_name), "LoRA r16": (out, lora_name)}
     values = {label: _values(os.path.join(*run), d.steps) for label, run in runs.items()}
     for label, (run_out, name) in runs.items():
@@ -188,10 +188,11 @@ def report(d: ds.Design, out: str, full_outs, seeds) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default=DEFAULT_OUT)
-  parser.add_argument("--full_out", default=",".join((ds.DEFAULT_OUT, PILOT_OUT)),
+  parser.add_argument("--full_out",
+                      default=",".join((os.path.join(STUDY.root, STUDY.out), PILOT_OUT)),
                       help="where the full runs are looked for, in order, before --out: the "
                       "decisive study's published runs, then its superseded pilot's")
-  parser.add_argument("--runs_dir", default=os.path.join(ds.REPO, "runs", "lora_sanity"))
+  parser.add_argument("--runs_dir", default=os.path.join(STUDY.root, "runs", "lora_sanity"))
   parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
   parser.add_argument("--status", action="store_true", help="report only; train nothing")
   parser.add_argument("--train_full", action="store_true",
@@ -205,7 +206,8 @@ def main() -> None:
     print(f"lora_sanity on {machine.describe()}", flush=True)
     run(d, args.runs_dir, args.out, seeds)
     if args.train_full:
-      train_full(ds.design(ds.load_registration()), args.runs_dir, args.out, seeds, full_outs)
+      train_full(reg.design(STUDY, STUDY.load_registration()), args.runs_dir, args.out, seeds,
+                 full_outs)
   text = report(d, args.out, full_outs, seeds)
   os.makedirs(args.out, exist_ok=True)
   files.write_text(os.path.join(args.out, "README.md"), text)

@@ -2,7 +2,8 @@
 one start, objective overrides only, the CPU arm's budget), seed-major order, resuming from the
 published runs, the statements' values and pairing within a machine, the registration check, the
 report (final and interim), the refusals before any run, and (slow) the whole pipeline on the
-tiny model."""
+tiny model. The study is its declaration over the library's registered studies
+(ksjax/studies/registered.py), which these tests drive with the declaration's Spec."""
 
 import dataclasses
 import json
@@ -17,10 +18,12 @@ from scipy import stats
 from tests import support
 
 from ksjax import files
+from ksjax.evaluation import statistics
 from ksjax.evaluation import results
 from ksjax.run import checkpoints
 from ksjax.run import config as run_config
 from ksjax.run.directory import RunDirectory
+from ksjax.studies import registered as lib
 
 SCRIPT = os.path.join(str(support.REPO), "experiments", "decisive_study.py")
 EVAL_KS, LADDER_KS = (1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32, 64)
@@ -28,13 +31,21 @@ EVAL_KS, LADDER_KS = (1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32, 64)
 
 @pytest.fixture(scope="module")
 def study():
-  return support.load_module(SCRIPT, "ksjax_experiments_decisive_study")
+  return support.load_module(SCRIPT, "ksjax_experiments_decisive_study").STUDY
 
 
 @pytest.fixture(scope="module")
 def registered(study):
   prereg = study.load_registration()
-  return prereg, study.design(prereg)
+  return prereg, lib.design(study, prereg)
+
+
+# The objectives are real_model_study's variants of the same names: their trainer flags.
+VARIANTS = {"mean": ("--config.aggregator=mean", "--config.baseline=loo"),
+            "pass_at_k": ("--config.aggregator=pass_at_k", "--config.baseline=loo"),
+            "biased_pass_at_k": ("--config.aggregator=pass_at_k",
+                                 "--config.baseline=loo_demeaned"),
+            "majority_vote": ("--config.aggregator=majority_vote", "--config.baseline=loo")}
 
 
 def _flags(given) -> dict[str, str]:
@@ -55,8 +66,8 @@ def test_the_registration_fixes_arms_seeds_and_statements(study, registered):
       "mean_cpu": "cpu", "pass_at_k_cpu": "cpu"}
   # The power claim: 0.06 at the pilot's sd needs 10 seeds; the registered count detects less.
   sd = 0.0568
-  assert study.statistics.seeds_needed(0.06, sd) == 10
-  assert study.statistics.minimum_detectable_effect(sd, len(primary_seeds)) <= 0.06
+  assert statistics.seeds_needed(0.06, sd) == 10
+  assert statistics.minimum_detectable_effect(sd, len(primary_seeds)) <= 0.06
   assert f"{len(primary_seeds)} seeds" in prereg.raw["power"]["minimum_detectable_effect"]
   assert len(d.checkpoint_steps) >= 3 and d.checkpoint_steps[-1] == d.steps
 
@@ -65,9 +76,9 @@ def test_the_runs_of_a_seed_differ_only_in_their_objective(study, registered):
   _, d = registered
   base = run_config.smollm2_config()
   for seed in (0, 3):
-    flags = {arm: _flags(study.train_overrides(d, arm, seed)) for arm in d.arms}
+    flags = {arm: _flags(lib.train_overrides(d, arm, seed)) for arm in d.arms}
     for arm, given in flags.items():
-      objective = {k: given.pop(k) for k in study.OBJECTIVE_FIELDS}
+      objective = {k: given.pop(k) for k in study.objective_fields}
       assert objective == {k: str(v) for k, v in d.arms[arm]["objective"].items()}
       for field in given:  # every field exists in the config (no typo makes a silent no-op)
         node = base
@@ -91,20 +102,20 @@ def test_the_runs_of_a_seed_differ_only_in_their_objective(study, registered):
   for arm, variant in (("mean", "mean"), ("pass_at_k", "pass_at_k"), ("mean_cpu", "mean"),
                        ("biased_pass_at_k", "biased_pass_at_k"),
                        ("majority_vote", "majority_vote"), ("pass_at_k_cpu", "pass_at_k")):
-    assert study.train_overrides(d, arm, 0)[:2] == study.rms.VARIANTS[variant][1]
+    assert lib.train_overrides(d, arm, 0)[:2] == VARIANTS[variant]
 
 
 def test_runs_are_seed_major_and_each_arm_runs_its_own_seeds(study, registered):
   _, d = registered
-  order = study.runs_of(d, ["mean", "pass_at_k", "mean_cpu"], [0, 1, 5])
+  order = lib.runs_of(d, ["mean", "pass_at_k", "mean_cpu"], [0, 1, 5])
   assert order == [("mean", 0), ("pass_at_k", 0), ("mean_cpu", 0), ("mean", 1),
                    ("pass_at_k", 1), ("mean_cpu", 1), ("mean", 5), ("pass_at_k", 5)]
-  assert study.needed(d, "pass_at_k", 12) == {"eval": [4, 8, 12], "ladder": [12]}
-  assert study.needed(d, "mean_cpu", 9) == {"eval": [9]}
-  settings, fields = study.eval_settings(d, "ladder")
+  assert lib.needed(d, "pass_at_k", 12) == {"eval": [4, 8, 12], "ladder": [12]}
+  assert lib.needed(d, "mean_cpu", 9) == {"eval": [9]}
+  settings, fields = lib.eval_settings(d, "ladder")
   assert settings["num_samples"] == 64 and max(settings["ks"]) == 64
   assert "kl_reference" not in settings and dict(fields) == {"arithmetic.test_per_level": 8}
-  settings, fields = study.eval_settings(d, "eval")
+  settings, fields = lib.eval_settings(d, "eval")
   assert settings["kl_reference"] == "start" and settings["num_samples"] >= 16
   assert dict(fields) == {"arithmetic.test_per_level": 40}
 
@@ -180,11 +191,11 @@ def test_statements_pair_seeds_within_a_machine_and_read_kl_off_the_measured_cur
   prereg, d = registered
   out = str(tmp_path / "out")
   _three_seeds(out)
-  data = study.collect(d, out, list(d.arms), list(d.seeds))
+  data = lib.collect(d, out, list(d.arms), list(d.seeds))
   run = data["runs"]["pass_at_k_s0"]
   assert run["steps"] == [0, 4, 8, 12] and run["kl"] == [0.0, .3, .6, .9]
   assert run["metrics"]["pass@4"] == [0.4, .5, .6, .7]  # the start's first
-  values, used, left_out = study.statement_values(prereg, data)
+  values, used, left_out = lib.statement_values(prereg, data)
   assert used["P1"] == [0, 1] and list(left_out["P1"]) == [2]
   assert "different machines" in left_out["P1"][2] and "cpu B" in left_out["P1"][2]
   assert values["P1"] == ([.70, .60], [.55, .52])
@@ -197,7 +208,7 @@ def test_statements_pair_seeds_within_a_machine_and_read_kl_off_the_measured_cur
   assert values["S2"][0] == pytest.approx([.60, .60])
   assert values["S2"][1] == pytest.approx([.55, .50])
   assert "S3" not in values and "S6" not in values  # arms not run: not measured
-  rows = {r["id"]: r for r in study.judged(prereg, data, ["a" * 40], departures=[],
+  rows = {r["id"]: r for r in lib.judged(study, prereg, data, ["a" * 40], departures=[],
                                            interim=False)["rows"]}
   assert rows["P1"]["p_value"] == pytest.approx(stats.ttest_rel([.70, .60], [.55, .52]).pvalue)
   assert rows["P1"]["seeds_used"] == [0, 1] and list(rows["P1"]["seeds_left_out"]) == ["2"]
@@ -211,11 +222,11 @@ def test_the_report_names_the_steps_each_machine_bought_with_the_cpu_budget(stud
           "pass_at_k_cpu_s0": {"stop": "cpu", "last_step": 10, "machines": ["cpu A"]},
           "mean_cpu_s2": {"stop": "cpu", "last_step": 38, "machines": ["cpu B"]},
           "mean_s2": {"stop": "steps", "last_step": 12, "machines": ["cpu B"]}}
-  lines = study.cpu_steps_lines({"runs": runs}, list(runs))
+  lines = lib.cpu_steps_lines({"runs": runs}, list(runs))
   assert "- cpu A: mean_cpu_s0 8, pass_at_k_cpu_s0 10" in lines
   assert "- cpu B: mean_cpu_s2 38" in lines
   assert not any("mean_s2" in line for line in lines)  # matched steps: not a budget's steps
-  assert study.cpu_steps_lines({"runs": {"mean_s2": runs["mean_s2"]}}, ["mean_s2"]) == []
+  assert lib.cpu_steps_lines({"runs": {"mean_s2": runs["mean_s2"]}}, ["mean_s2"]) == []
 
 
 def _git(repo, *args):
@@ -233,10 +244,10 @@ def _registered_repo(study, tmp_path):
   _git(repo, "add", "code.py")
   _git(repo, "commit", "-q", "-m", "code")
   before = _git(repo, "rev-parse", "HEAD")
-  path = repo / study.PREREGISTRATION
+  path = repo / study.registration
   path.parent.mkdir(parents=True)
-  shutil.copyfile(os.path.join(str(support.REPO), study.PREREGISTRATION), path)
-  _git(repo, "add", study.PREREGISTRATION)
+  shutil.copyfile(os.path.join(str(support.REPO), study.registration), path)
+  _git(repo, "add", study.registration)
   _git(repo, "commit", "-q", "-m", "register")
   (repo / "code.py").write_text("a = 2\n")
   _git(repo, "commit", "-q", "-am", "the runs")
@@ -246,11 +257,12 @@ def _registered_repo(study, tmp_path):
 def test_the_registration_must_precede_every_runs_commit(study, registered, tmp_path):
   prereg, d = registered
   repo, before, after = _registered_repo(study, tmp_path)
-  check = study.registration_check([after], repo)
+  at = dataclasses.replace(study, root=repo)  # the study in that repository
+  check = lib.registration_check(at, [after])
   assert check["precedes_every_run"] and check["not_preceded"] == []
-  check = study.registration_check([after, before], repo)  # one run trained before it
+  check = lib.registration_check(at, [after, before])  # one run trained before it
   assert not check["precedes_every_run"] and check["not_preceded"] == [before]
-  assert not study.registration_check([], repo)["precedes_every_run"]
+  assert not lib.registration_check(at, [])["precedes_every_run"]
   out = str(tmp_path / "out")
   _three_seeds(out)
   for seed in range(3):  # the fakes' commit is the run commit of this repository
@@ -262,7 +274,7 @@ def test_the_registration_must_precede_every_runs_commit(study, registered, tmp_
       files.write_json(evaluations, [{**e, "commit": after} for e in json.load(
           open(evaluations, encoding="utf-8"))])
   arms, seeds = ["mean", "pass_at_k"], [0, 1, 2]
-  summary = study.report(d, prereg, out, arms, seeds, interim=False, departures=[], repo=repo)
+  summary = lib.report(at, d, prereg, out, arms, seeds, interim=False, departures=[])
   rows = {r["id"]: r for r in summary["statements"]}
   assert summary["registered"] and rows["P1"]["kind"] == "primary"
   assert "p_holm" in rows["P1"] and rows["P1"]["verdict"].startswith(("supported",
@@ -274,17 +286,16 @@ def test_the_registration_must_precede_every_runs_commit(study, registered, tmp_
   assert "INTERIM" not in readme
   # The registration's restarts are printed; none of these runs is at a superseded commit.
   assert "## Restarts" in readme and "the runs at `7f27d15` superseded" in readme
-  assert summary["restarts"] == study.restarts(prereg)
+  assert summary["restarts"] == lib.restarts(prereg)
   assert "experiments/results/decisive_study_7f27d15" in {
       r["superseded_results"] for r in summary["restarts"]}
   for name in ("metrics_vs_step.png", "pass4_vs_kl.png", "pass_at_k_vs_k.png", "summary.json"):
     assert os.path.isfile(os.path.join(out, name))
   # The same runs reported as interim, or with a departure: no verdict.
-  summary = study.report(d, prereg, out, arms, seeds, interim=True, departures=[], repo=repo)
+  summary = lib.report(at, d, prereg, out, arms, seeds, interim=True, departures=[])
   assert {r["verdict"] for r in summary["statements"] if "difference" in r} == {"interim"}
   assert "**INTERIM REPORT**" in open(os.path.join(out, "README.md"), encoding="utf-8").read()
-  summary = study.report(d, prereg, out, arms, seeds, interim=False, departures=["seeds 0"],
-                         repo=repo)
+  summary = lib.report(at, d, prereg, out, arms, seeds, interim=False, departures=["seeds 0"])
   assert not summary["registered"]
   assert {r["kind"] for r in summary["statements"]} == {"exploratory"}
 
@@ -297,8 +308,8 @@ def test_a_run_at_a_commit_the_study_was_restarted_from_is_not_pooled(study, reg
   restart = {"date": "2026-11-27", "superseded_commit": "a" * 7, "decided_at": "b" * 40,
              "superseded_results": "elsewhere", "seen": "seed 0", "reason": "a defect"}
   restarted = dataclasses.replace(prereg, raw={**prereg.raw, "restarts": [restart]})
-  summary = study.report(d, restarted, out, ["mean", "pass_at_k"], [0, 1, 2], interim=False,
-                         departures=[])
+  summary = lib.report(study, d, restarted, out, ["mean", "pass_at_k"], [0, 1, 2],
+                       interim=False, departures=[])
   assert not summary["registered"]
   assert {r["kind"] for r in summary["statements"]} == {"exploratory"}
   assert "mean_s0 ran at `aaaaaaa`, a commit the study was restarted from" in summary[
@@ -307,8 +318,8 @@ def test_a_run_at_a_commit_the_study_was_restarted_from_is_not_pooled(study, reg
   assert "Departures from the registration" in readme and "Why: a defect" in readme
   # Without the restart the same runs depart from nothing on that account.
   plain = dataclasses.replace(prereg, raw={**prereg.raw, "restarts": []})
-  assert study.superseded_runs(study.collect(d, out, ["mean"], [0]), ["mean_s0"],
-                               study.restarts(plain)) == []
+  assert lib.superseded_runs(lib.collect(d, out, ["mean"], [0]), ["mean_s0"],
+                               lib.restarts(plain)) == []
 
 
 def _fake_train(runs_dir, name, last, trained):
@@ -329,13 +340,13 @@ def _fake_evaluate(study, evaluated, killed=lambda calls, step: False):
   """A stand-in for the eval binary's call: appends (name, which, steps, start) to `evaluated`
   and writes a record per checkpoint, as the binary does, then lists the call in
   evaluations.json; raises KeyboardInterrupt before the checkpoint where killed(calls, step)."""
-  def evaluate(d_, runs_dir, name, which, steps, *, include_start):
+  def evaluate(spec, d_, runs_dir, name, which, steps, *, include_start):
     evaluated.append((name, which, tuple(steps), include_start))
     for step in [0] * include_start + list(steps):
       if killed(len(evaluated), step):
         raise KeyboardInterrupt
-      os.makedirs(study.eval_dir(runs_dir, name, which), exist_ok=True)
-      results.save_step(study.eval_dir(runs_dir, name, which),
+      os.makedirs(lib.eval_dir(runs_dir, name, which), exist_ok=True)
+      results.save_step(lib.eval_dir(runs_dir, name, which),
                         _record(step, {k: 0.3 for k in EVAL_KS}, 0.1 * step)
                         | {"checkpoint": os.path.join(runs_dir, name, "checkpoints", str(step))})
     path = os.path.join(runs_dir, name, "evaluations.json")
@@ -351,38 +362,39 @@ def test_runs_resume_from_what_was_published_and_the_start_is_evaluated_once(
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   trained, evaluated = [], []
 
-  def train(name, runs_dir, **kwargs):
-    assert kwargs["overrides"] == study.train_overrides(d, *name.rsplit("_s", 1)[:1],
+  def train(root, runs_dir, name, config, overrides):
+    assert root == study.root and config == d.config
+    assert overrides == lib.train_overrides(d, *name.rsplit("_s", 1)[:1],
                                                         int(name.rsplit("_s", 1)[1]))
     _fake_train(runs_dir, name, 12 if "cpu" not in name else 7, trained)
 
-  monkeypatch.setattr(study.rms.real_model(), "run_config", train)
-  monkeypatch.setattr(study, "evaluate", _fake_evaluate(study, evaluated))
-  monkeypatch.setattr(study.machine, "describe", lambda: "cpu A")
+  monkeypatch.setattr(lib.rd, "train", train)
+  monkeypatch.setattr(lib, "evaluate", _fake_evaluate(study, evaluated))
+  monkeypatch.setattr(lib.machine, "describe", lambda: "cpu A")
   arms = ["mean", "pass_at_k", "mean_cpu"]
-  study.run_study(d, runs, out, arms, [0])
+  lib.run_study(study, d, runs, out, arms, [0])
   assert trained == ["mean_s0", "pass_at_k_s0", "mean_cpu_s0"]
   assert evaluated == [("mean_s0", "eval", (4, 8, 12), True), ("mean_s0", "ladder", (12,), True),
                        ("pass_at_k_s0", "eval", (4, 8, 12), False),
                        ("pass_at_k_s0", "ladder", (12,), False),
                        ("mean_cpu_s0", "eval", (7,), False)]
-  assert study.finished_seeds(d, out, arms, [0, 1]) == [0]
+  assert lib.finished_seeds(d, out, arms, [0, 1]) == [0]
   assert sorted(os.listdir(os.path.join(out, "mean_s0", "eval"))) == [
       "step_00000004.json", "step_00000008.json", "step_00000012.json"]
   record = json.load(open(os.path.join(out, "mean_s0", "eval", "step_00000008.json"),
                           encoding="utf-8"))
   assert record["problems"]["num_correct"] and record["checkpoint"].startswith("<runs_dir>")
-  assert os.path.isfile(study.start_path(out, "eval"))
-  assert os.path.isfile(study.start_path(out, "ladder"))
+  assert os.path.isfile(lib.start_path(out, "eval"))
+  assert os.path.isfile(lib.start_path(out, "ladder"))
   assert checkpoints.steps(RunDirectory(os.path.join(runs, "mean_s0"))) == [12]  # pruned
   # A new machine, no runs directory: nothing published runs again.
   shutil.rmtree(runs)
-  study.run_study(d, runs, out, arms, [0])
+  lib.run_study(study, d, runs, out, arms, [0])
   assert trained == ["mean_s0", "pass_at_k_s0", "mean_cpu_s0"]
   # Half a seed on another machine: the rest runs, with a warning the report acts on.
   shutil.rmtree(os.path.join(out, "pass_at_k_s0"))
-  monkeypatch.setattr(study.machine, "describe", lambda: "cpu B")
-  study.run_study(d, runs, out, arms, [0])
+  monkeypatch.setattr(lib.machine, "describe", lambda: "cpu B")
+  lib.run_study(study, d, runs, out, arms, [0])
   assert trained[-1] == "pass_at_k_s0"
   assert "warning: seed 0's published runs ran on ['cpu A']" in capsys.readouterr().out
 
@@ -395,15 +407,15 @@ def test_an_evaluation_stopped_part_way_keeps_the_checkpoints_it_finished(
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   evaluated = []
 
-  monkeypatch.setattr(study.rms.real_model(), "run_config",
-                      lambda name, runs_dir, **kw: _fake_train(runs_dir, name, 12, []))
+  monkeypatch.setattr(lib.rd, "train",
+                      lambda root, runs_dir, name, *unused: _fake_train(runs_dir, name, 12, []))
   # Killed in the first call's second checkpoint.
   killed = lambda calls, step: calls == 1 and step == 8
-  monkeypatch.setattr(study, "evaluate", _fake_evaluate(study, evaluated, killed))
-  monkeypatch.setattr(study.machine, "describe", lambda: "cpu A")
+  monkeypatch.setattr(lib, "evaluate", _fake_evaluate(study, evaluated, killed))
+  monkeypatch.setattr(lib.machine, "describe", lambda: "cpu A")
   with pytest.raises(KeyboardInterrupt):
-    study.run_study(d, runs, out, ["mean"], [0])
-  study.run_study(d, runs, out, ["mean"], [0])
+    lib.run_study(study, d, runs, out, ["mean"], [0])
+  lib.run_study(study, d, runs, out, ["mean"], [0])
   assert evaluated == [("mean_s0", "eval", (4, 8, 12), True), ("mean_s0", "eval", (8, 12), False),
                        ("mean_s0", "ladder", (12,), True)]
   assert sorted(os.listdir(os.path.join(out, "mean_s0", "eval"))) == [
@@ -418,25 +430,25 @@ def test_nothing_runs_where_every_run_is_published_and_the_code_is_checked_befor
   argv = ["decisive_study.py", "--arms=mean,pass_at_k", "--seeds=0,1,2", f"--out={out}",
           f"--runs_dir={tmp_path / 'runs'}"]
   monkeypatch.setattr(sys, "argv", argv)
-  monkeypatch.setattr(study.rms.real_model(), "_dirty", lambda: True)
-  monkeypatch.setattr(study.rms.real_model(), "run_config",
+  monkeypatch.setattr(lib.rd, "dirty", lambda root: True)
+  monkeypatch.setattr(lib.rd, "train",
                       lambda *a, **k: pytest.fail("a published run was run again"))
-  study.main()  # every run published: a report, no refusal, no run
+  lib.main(study, "", sys.argv[1:])  # every run published: a report, no refusal, no run
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
   assert "Departures from the registration" in readme and "**Exploratory**" in readme
   assert not os.path.exists(tmp_path / "runs")
   monkeypatch.setattr(sys, "argv", argv[:2] + ["--seeds=0,1,2,3"] + argv[3:])
   with pytest.raises(SystemExit, match="uncommitted changes"):
-    study.main()
-  monkeypatch.setattr(study.rms.real_model(), "_dirty", lambda: False)
-  monkeypatch.setattr(study.preregistration, "registration",
+    lib.main(study, "", sys.argv[1:])
+  monkeypatch.setattr(lib.rd, "dirty", lambda root: False)
+  monkeypatch.setattr(lib.preregistration, "registration",
                       lambda *unused: {"registered_at": None, "precedes": None})
   with pytest.raises(SystemExit, match="commit the registration"):
-    study.main()
+    lib.main(study, "", sys.argv[1:])
   assert not os.path.exists(tmp_path / "runs")
   monkeypatch.setattr(sys, "argv", argv[:1] + ["--partial", "--seeds=0,1,2,3", f"--out={out}"])
   with pytest.raises(SystemExit, match="no seed has finished"):
-    study.main()  # seeds 0-2 lack their other arms
+    lib.main(study, "", sys.argv[1:])  # seeds 0-2 lack their other arms
 
 
 def _quietly(command) -> str:
@@ -470,25 +482,3 @@ def test_the_quick_study_end_to_end_and_nothing_twice(tmp_path):
   shutil.rmtree(tmp_path / "runs")  # a new machine: the published runs are all it needs
   again = _quietly(command)
   assert "ksjax.main" not in again and (out / "README.md").read_text() == readme
-
-
-def test_the_budget_projects_shortened_runs_onto_the_registered_design(registered):
-  budget = support.load_module(os.path.join(str(support.REPO), "experiments",
-                                            "decisive_study_budget.py"),
-                               "ksjax_experiments_decisive_study_budget")
-  _, d = registered
-  measured = {"arms": {"mean": {"cpu": 40.0, "loop_cpu_by_step": [10.0, 20.0, 30.0]}},
-              "eval": {"wall": 100.0, "sampling_seconds": 80.0, "cpu": 150.0, "samples": 100},
-              "ladder": {"wall": 50.0, "sampling_seconds": 40.0, "cpu": 50.0, "samples": 100}}
-  p = budget.projection(d, measured)
-  # Start-up: the call's CPU at its rate outside sampling; then CPU-s per sample.
-  assert (p["eval_startup"], p["eval_per_sample"]) == pytest.approx((30.0, 1.2))
-  assert (p["ladder_startup"], p["ladder_per_sample"]) == pytest.approx((10.0, 0.4))
-  # 12 steps: start-up 10, the first step 10, 11 more at 10; one call for the 3 checkpoints of
-  # 160 x 16 samples; the ladder's 32 x 64.
-  run = 10 + 10 + 11 * 10 + 30 + 3 * 2560 * 1.2 + 10 + 2048 * 0.4
-  assert p["matched_steps_run"] == pytest.approx({a: run for a in (
-      "mean", "pass_at_k", "biased_pass_at_k", "majority_vote")})
-  assert p["equal_cpu_run"] == pytest.approx(10 + 12 * 60 + 30 + 2560 * 1.2)
-  assert p["start"] == pytest.approx(30 + 2560 * 1.2 + 10 + 2048 * 0.4)
-  assert p["cpu_hours"] * 3600 == pytest.approx(32 * run + 8 * p["equal_cpu_run"] + p["start"])

@@ -1,81 +1,48 @@
-"""Carries the decisive study's unfinished runs from one machine to the next (#31).
+"""`carry.py` for a study in the published-run layout (`registered.py`: the decisive study).
 
-    python experiments/decisive_study_carry.py save    --study=CLONE --runs_dir=DIR [--carry=DIR]
-    python experiments/decisive_study_carry.py restore --study=CLONE --runs_dir=DIR [--carry=DIR]
-    python experiments/decisive_study_carry.py seeds   --study=CLONE [--carry=DIR]
-    python experiments/decisive_study_carry.py commit  --study=CLONE [--carry=DIR]
+A session's machine goes when the session ends, with the study's runs directory and its
+checkpoints (about 1.5 GiB a SmolLM2 run, too large to commit); a matched-steps run took about
+two hours on a 2-core AVX2 machine, most of it evaluation, so the run a session was in was lost
+whole. `save_runs` (before a session ends) copies, for every unpublished run of the runs
+directory with an evaluation record, its training attempts, evaluation calls, step log and every
+evaluation record into the carry directory (to be committed), with `carried.json`: the machine,
+the commit and a sha256 of each evaluated checkpoint's training state. `restore_runs` (on the
+next machine, before the study runs) trains each carried run again with the study's own command
+and takes its records back only where the machine description and the commit are the carried
+ones, the new step log's training figures (all but times, throughputs, memory and compile
+counts) equal the carried log's, and every evaluated checkpoint's training state has the carried
+digest: the records then describe these very checkpoints. Otherwise it says why and the study
+evaluates the run afresh. Each outcome is appended to `restores.jsonl`, which outlives the
+carried files. `seeds_to_run` gives the seeds this machine may run (a seed's arms pair only
+within one machine), and `commit_published` commits the published runs and the carry directory,
+only those paths, as they finish.
 
-Why: a session's machine goes when the session ends, with the study's runs directory and its
-checkpoints (about 1.5 GiB a run, too large to commit). A matched-steps run takes about two hours
-of wall time on a 2-core AVX2 machine (22 minutes of training, then 27 minutes for each of its
-three checkpoints' evaluations and 10 for the ladder), so the run a session was in was lost
-whole: the next machine trained it again and evaluated every checkpoint again.
-
-`save` (before a session ends) copies, for every run in the runs directory that has an evaluation
-record and is not yet published, what the study's runner reads back to continue it: its training
-attempts, evaluation calls and step log, and every evaluation record it has written, into
-`--carry` (default `experiments/results/decisive_study_carried/`, to be committed), with
-`carried.json`: the machine and the commit they were made on, and the sha256 of each evaluated
-checkpoint's training state (`state_digest`).
-
-`restore` (on the next machine, before the runner starts) trains each carried run again with the
-runner's own command (the study clone's `decisive_study.train_overrides`, so at the study's
-commit) and takes its records back only if the machine's description and the clone's commit are
-the carried ones, the new step log's training figures (all but times, throughputs, memory and
-compile counts) equal the carried log's, and every evaluated checkpoint's training state has the
-carried digest: the records then describe these very checkpoints. Otherwise it says why, and
-the runner evaluates the run afresh. Each outcome is appended to `restores.jsonl` in `--carry`,
-which outlives the carried files. Either way the runner is then started as usual; it finds the
-run trained and evaluates the checkpoints without a record. The published run lists both
-training attempts (`attempts.json`) and every evaluation call (`evaluations.json`), each with its
-commit and machine.
-
-`seeds` prints the registered seeds this machine may run (for the runner's `--seeds`): those
-none of whose runs was published or carried from a machine of another description. Sessions
-are lent machines of more than one kind (AVX2 only; AMX with bfloat16 dots, whose products round
-otherwise), a seed's arms pair only within one machine, and the runner, going seed by seed,
-would otherwise train the rest of a seed begun on one kind on the other and lose its pairs.
-Once every seed it prints is whole, it appends the seeds begun elsewhere that are not: a machine
-with nothing else to run finishes them rather than leave the study without a verdict, and the
-report leaves such a seed out of the statements that pair its runs across machines
-(`seeds_to_run`).
-
-`commit` commits the published runs not yet committed (and the carry directory's changes), only
-those paths, in the repository that holds `--out`: run in a loop beside the runner, it commits
-each run as it finishes, so that a session cut off before its own commit loses nothing.
-
-The script is not the study's code: it runs from the main checkout with the study clone's
-interpreter, and imports the clone's `experiments/decisive_study.py` for what a run is.
+A module of its own rather than part of `carry.py`: it reads the eval binary's records and the
+trainer's step logs, which the store layout's carry (imported by every study's command) does not
+need to load.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
-DEFAULT_CARRY = os.path.join(REPO, "experiments", "results", "decisive_study_carried")
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "decisive_study")
-CARRIED = "carried.json"
-RESTORES = "restores.jsonl"  # in --carry: every restore's outcome, kept after the run is published
+from ksjax import files
+from ksjax import machine
+from ksjax.evaluation import results
+from ksjax.studies import registered
+from ksjax.studies import runs_dir as rd
+from ksjax.studies.carry import CARRIED
+from ksjax.studies.carry import RESTORES
+from ksjax.trainer import metrics
+
 RUN_FILES = ("attempts.json", "evaluations.json", "metrics.jsonl")
 # Step-log fields that measure the machine rather than the training: they differ between two
 # identical runs.
 UNSTABLE = ("time/", "throughput/", "memory/", "compile/")
-RUNS_DIR = "<runs_dir>"  # how a published record names the runs directory (real_model_study)
-
-
-def study_modules(study: str):
-  """The study clone's decisive_study module (with its real_model_study as `.rms`)."""
-  for path in (os.path.join(study, "experiments"), study):
-    if path not in sys.path:
-      sys.path.insert(0, path)
-  return importlib.import_module("decisive_study")
+RUNS_DIR = rd.RUNS_DIR
 
 
 def state_digest(step_dir: str) -> str:
@@ -99,21 +66,22 @@ def _under(record: dict, runs_dir: str) -> dict:
   return record
 
 
-def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
+def save_runs(spec, runs_dir: str, carry: str, out: str) -> list[str]:
   """Carries every unpublished run of `runs_dir` that has an evaluation record; drops carried
   runs that are published now. Returns the carried runs' names."""
-  here = ds.machine.describe()
-  commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
-  as_published = ds.rms._relative_checkpoint  # pylint: disable=protected-access
+  here = machine.describe()
+  commit = rd.commit(spec.root)
+  as_published = rd.relative_checkpoint
   os.makedirs(carry, exist_ok=True)
   for name in sorted(os.listdir(carry)):
-    if os.path.isdir(os.path.join(carry, name)) and ds.published(out, name):
+    if os.path.isdir(os.path.join(carry, name)) and registered.published(out, name):
       shutil.rmtree(os.path.join(carry, name))
   carried = []
   for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
     run = os.path.join(runs_dir, name)
-    evaluations = {which: ds.records(os.path.join(run, which)) for which in ds.EVALUATIONS}
-    if ds.published(out, name) or not any(evaluations.values()):
+    evaluations = {which: registered.records(os.path.join(run, which))
+                   for which in registered.EVALUATIONS}
+    if registered.published(out, name) or not any(evaluations.values()):
       continue
     if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
       print(f"{name}: not carried, it lacks one of {', '.join(RUN_FILES)}", flush=True)
@@ -137,8 +105,8 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
         # A record of a checkpoint whose digest could not be taken cannot be checked later.
         if step and str(step) not in digests:
           continue
-        ds.results.save_step(os.path.join(staging, which), as_published(record, runs_dir))
-    ds.files.write_json(os.path.join(staging, CARRIED),
+        results.save_step(os.path.join(staging, which), as_published(record, runs_dir))
+    files.write_json(os.path.join(staging, CARRIED),
                         {"machine": here, "commit": commit, "digests": digests})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
@@ -150,19 +118,19 @@ def save(ds, runs_dir: str, carry: str, out: str) -> list[str]:
   return carried
 
 
-def _arm_and_seed(ds, d, name: str) -> tuple[str, int] | None:
-  for arm, seed in ds.runs_of(d, list(d.arms), list(d.seeds)):
-    if ds.rms.run_name(arm, seed) == name:
+def _arm_and_seed(d, name: str) -> tuple[str, int] | None:
+  for arm, seed in registered.runs_of(d, list(d.arms), list(d.seeds)):
+    if rd.run_name(arm, seed) == name:
       return arm, seed
   return None
 
 
-def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
+def restore_runs(spec, runs_dir: str, carry: str, out: str) -> dict[str, str]:
   """Trains each carried run again and takes its records back where they describe the same
   checkpoints. Returns {run: what happened}."""
-  d = ds.design(ds.load_registration())
-  here = ds.machine.describe()
-  commit = ds.rms.real_model()._commit()  # pylint: disable=protected-access
+  d = registered.design(spec, spec.load_registration())
+  here = machine.describe()
+  commit = rd.commit(spec.root)
   outcome = {}
   for name in sorted(os.listdir(carry)) if os.path.isdir(carry) else []:
     source = os.path.join(carry, name)
@@ -170,8 +138,8 @@ def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
       continue
     info = json.load(open(os.path.join(source, CARRIED), encoding="utf-8"))
     run = os.path.join(runs_dir, name)
-    which = _arm_and_seed(ds, d, name)
-    if ds.published(out, name):
+    which = _arm_and_seed(d, name)
+    if registered.published(out, name):
       outcome[name] = "published already"
     elif which is None:
       outcome[name] = "not a run of the registered study"
@@ -181,7 +149,7 @@ def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
     elif os.path.exists(run):
       outcome[name] = f"{run} exists: left as it is"
     else:
-      outcome[name] = _retrain_and_check(ds, d, which, name, source, runs_dir, info)
+      outcome[name] = _retrain_and_check(spec, d, which, name, source, runs_dir, info)
     print(f"{name}: {outcome[name]}", flush=True)
     # Kept when the run is published and its carried files go: what was taken back, and why.
     with open(os.path.join(carry, RESTORES), "a", encoding="utf-8") as f:
@@ -190,15 +158,14 @@ def restore(ds, runs_dir: str, carry: str, out: str) -> dict[str, str]:
   return outcome
 
 
-def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
+def _retrain_and_check(spec, d, which, name, source, runs_dir, info) -> str:
   arm, seed = which
   run = os.path.join(runs_dir, name)
   os.makedirs(run)
   # The carried attempts first: the runner's training call appends this machine's.
   shutil.copyfile(os.path.join(source, "attempts.json"), os.path.join(run, "attempts.json"))
-  ds.rms.real_model().run_config(name, runs_dir, config=d.config,
-                                 overrides=ds.train_overrides(d, arm, seed), held_out=False)
-  trained, carried = (training_figures(ds.metrics.read_jsonl(os.path.join(where, "metrics.jsonl")))
+  rd.train(spec.root, runs_dir, name, d.config, registered.train_overrides(d, arm, seed))
+  trained, carried = (training_figures(metrics.read_jsonl(os.path.join(where, "metrics.jsonl")))
                       for where in (run, source))
   if trained != carried:
     return "trained again, but its step log differs from the carried one: records left out"
@@ -208,12 +175,12 @@ def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
       return (f"trained again, but step {step}'s training state differs from the carried one: "
               "records left out")
   restored = 0
-  for which_eval in ds.EVALUATIONS:
-    records = ds.records(os.path.join(source, which_eval))
+  for which_eval in registered.EVALUATIONS:
+    records = registered.records(os.path.join(source, which_eval))
     if records:
       os.makedirs(os.path.join(run, which_eval), exist_ok=True)
     for record in records.values():
-      ds.results.save_step(os.path.join(run, which_eval), _under(record, runs_dir))
+      results.save_step(os.path.join(run, which_eval), _under(record, runs_dir))
       restored += 1
   shutil.copyfile(os.path.join(source, "evaluations.json"),
                   os.path.join(run, "evaluations.json"))
@@ -221,18 +188,18 @@ def _retrain_and_check(ds, d, which, name, source, runs_dir, info) -> str:
           f"{sorted(map(int, info['digests']))}: {restored} records restored")
 
 
-def seeds_here(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
+def seeds_here(spec, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   """The registered seeds this machine may run, in the study's order: those none of whose runs
   was published or carried from a machine of another description (a seed's arms pair only
   within one machine, and sessions are lent machines of more than one kind); and {seed: why}
   for the others."""
-  d = ds.design(ds.load_registration())
-  here = ds.machine.describe()
+  d = registered.design(spec, spec.load_registration())
+  here = machine.describe()
   allowed, why = [], {}
   for seed in d.seeds:
-    elsewhere = set(ds._seed_machines(out, d, seed))  # pylint: disable=protected-access
+    elsewhere = set(registered.seed_machines(out, d, seed))
     for arm in d.arms:
-      info = os.path.join(carry, ds.rms.run_name(arm, seed), CARRIED)
+      info = os.path.join(carry, rd.run_name(arm, seed), CARRIED)
       if os.path.isfile(info):
         elsewhere.add(json.load(open(info, encoding="utf-8"))["machine"])
     elsewhere.discard(here)
@@ -243,7 +210,7 @@ def seeds_here(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   return allowed, why
 
 
-def seeds_to_run(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
+def seeds_to_run(spec, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   """The runner's `--seeds` here, in order, and {seed: why} for each registered seed left out or
   run here though begun elsewhere: `seeds_here`'s seeds; then, once every one of them is whole
   (this machine has nothing else to run), the seeds begun elsewhere that are not yet whole.
@@ -254,12 +221,12 @@ def seeds_to_run(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
   leaves the seed out of each statement that pairs one of them with a run of the seed made
   elsewhere (the registration's pairing rule); statements between two runs made here keep it.
   Decided before any run of seeds 8-11 was seen, from the order alone, never from results."""
-  d = ds.design(ds.load_registration())
-  allowed, why = seeds_here(ds, carry, out)
+  d = registered.design(spec, spec.load_registration())
+  allowed, why = seeds_here(spec, carry, out)
   every = list(d.arms)
-  if ds.finished_seeds(d, out, every, allowed) != allowed:
+  if registered.finished_seeds(d, out, every, allowed) != allowed:
     return allowed, why
-  begun = [s for s in why if s not in ds.finished_seeds(d, out, every, [s])]
+  begun = [s for s in why if s not in registered.finished_seeds(d, out, every, [s])]
   for seed in begun:
     why[seed] += (": nothing else is left for this machine, so its remaining runs run here, "
                   "and the report leaves it out of each statement that pairs them with those")
@@ -269,12 +236,12 @@ def seeds_to_run(ds, carry: str, out: str) -> tuple[list[int], dict[int, str]]:
 def _git(repo: str, *args: str) -> str:
   done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=False)
   if done.returncode:
-    raise SystemExit(f"decisive_study_carry: git {' '.join(args)} failed in {repo}: "
+    raise SystemExit(f"carry: git {' '.join(args)} failed in {repo}: "
                      f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
   return done.stdout
 
 
-def commit(ds, carry: str, out: str) -> list[str]:
+def commit_published(spec, carry: str, out: str) -> list[str]:
   """Commits, in the repository that holds `out`, every published run (and the start) that is
   not committed yet, with the carry directory's changes; only those paths, whatever else is
   staged. Returns the runs committed.
@@ -283,9 +250,10 @@ def commit(ds, carry: str, out: str) -> list[str]:
   own commit leaves its runs uncommitted there, and a machine that is not lent again takes them
   with it. Called in a loop beside the runner, each run is committed as it finishes."""
   repo = _git(out, "rev-parse", "--show-toplevel").strip()
-  d = ds.design(ds.load_registration())
-  names = [ds.rms.run_name(arm, seed) for arm, seed in ds.runs_of(d, list(d.arms), list(d.seeds))]
-  paths = [os.path.join(out, n) for n in names if ds.published(out, n)]
+  d = registered.design(spec, spec.load_registration())
+  names = [rd.run_name(arm, seed)
+           for arm, seed in registered.runs_of(d, list(d.arms), list(d.seeds))]
+  paths = [os.path.join(out, n) for n in names if registered.published(out, n)]
   paths += [p for p in (os.path.join(out, "start"), carry) if os.path.exists(p)]
   changed = [p for p in paths
              if _git(repo, "status", "--porcelain", "--untracked-files=all", "--", p).strip()]
@@ -296,9 +264,9 @@ def commit(ds, carry: str, out: str) -> list[str]:
   machines = sorted({m for p in changed if p != carry and os.path.basename(p) in names
                      for m in json.load(open(os.path.join(p, "published.json"),
                                              encoding="utf-8"))["machines"]})
-  done = sum(ds.published(out, n) for n in names)
-  message = (f"Decisive study (#31): {', '.join(runs) or 'the carried records'} published at "
-             f"{ds.rms.real_model()._commit()[:7]}"  # pylint: disable=protected-access
+  done = sum(registered.published(out, n) for n in names)
+  message = (f"{spec.name}: {', '.join(runs) or 'the carried records'} published at "
+             f"{rd.commit(spec.root)[:7]}"
              + (f" on {', '.join(machines)}" if machines else "")
              + f" ({done} of {len(names)} registered runs), committed as it finished")
   _git(repo, "add", "--all", "--", *changed)
@@ -307,39 +275,3 @@ def commit(ds, carry: str, out: str) -> list[str]:
   return runs
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("action", choices=("save", "restore", "seeds", "commit"))
-  parser.add_argument("--study", required=True, help="the study's clone, at the study's commit")
-  parser.add_argument("--runs_dir", help="the runner's --runs_dir (save and restore)")
-  parser.add_argument("--carry", default=DEFAULT_CARRY)
-  parser.add_argument("--out", default=DEFAULT_OUT, help="the runner's --out")
-  args = parser.parse_args(argv)
-  if not os.path.isfile(os.path.join(args.study, "experiments", "decisive_study.py")):
-    raise SystemExit(f"decisive_study_carry: --study={args.study!r} holds no "
-                     "experiments/decisive_study.py; expected the study's clone")
-  if args.action in ("save", "restore") and not args.runs_dir:
-    raise SystemExit(f"decisive_study_carry: {args.action} needs --runs_dir, the runner's")
-  ds = study_modules(os.path.abspath(args.study))
-  carry, out = os.path.abspath(args.carry), os.path.abspath(args.out)
-  runs_dir = os.path.abspath(args.runs_dir) if args.runs_dir else None
-  if args.action == "save":
-    save(ds, runs_dir, carry, out)
-  elif args.action == "restore":
-    restore(ds, runs_dir, carry, out)
-  elif args.action == "commit":
-    commit(ds, carry, out)
-  else:
-    allowed, why = seeds_to_run(ds, carry, out)
-    for seed, reason in why.items():
-      if seed in allowed:
-        print(f"seed {seed} runs here last ({ds.machine.describe()}): {reason}", file=sys.stderr)
-        continue
-      print(f"seed {seed} is not for this machine ({ds.machine.describe()}): {reason}",
-            file=sys.stderr)
-    print(",".join(map(str, allowed)))
-
-
-if __name__ == "__main__":
-  main()
