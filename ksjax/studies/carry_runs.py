@@ -58,7 +58,7 @@ def training_figures(rows: list[dict]) -> list[dict]:
 
 
 def _under(record: dict, runs_dir: str) -> dict:
-  """A carried record (its checkpoint named as published, `real_model_study._relative_checkpoint`)
+  """A carried record (its checkpoint named as published, `runs_dir.relative_checkpoint`)
   with its checkpoint back under this machine's runs directory."""
   record = dict(record)
   if record.get("checkpoint", "").startswith(RUNS_DIR + os.sep):

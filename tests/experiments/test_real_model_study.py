@@ -1,8 +1,10 @@
 """experiments/real_model_study.py: the runs' order and flags, the report from evaluation records
 (table, statements tested paired by seed, partial reports, the measured KL, the matched-step
 single runs, what changed between seeds), the refusal of uncommitted code, and (slow) the whole
-pipeline on the tiny model, resumed by a second call that runs nothing."""
+pipeline on the tiny model, resumed by a second call that runs nothing. The study is its
+declaration over ksjax/studies/equal_cpu.py, which these tests drive with the declaration's Spec."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,23 +19,26 @@ from tests import support
 
 from ksjax import files
 from ksjax.evaluation import results
+from ksjax.evaluation import statistics
 from ksjax.run import checkpoints
 from ksjax.run.directory import RunDirectory
+from ksjax.studies import equal_cpu as lib
+from ksjax.studies import runs_dir as rd
 
 SCRIPT = os.path.join(str(support.REPO), "experiments", "real_model_study.py")
 
 
 @pytest.fixture(scope="module")
 def study():
-  return support.load_module(SCRIPT, "ksjax_experiments_real_model_study")
+  return support.load_module(SCRIPT, "ksjax_experiments_real_model_study").STUDY
 
 
 def test_runs_are_seed_major_with_one_budget_and_no_trainer_evaluation(study):
-  order = study.runs_of(["mean", "pass_at_k"], [0, 1])
+  order = lib.runs_of(["mean", "pass_at_k"], [0, 1])
   assert order == [("mean", 0), ("pass_at_k", 0), ("mean", 1), ("pass_at_k", 1)]
-  flags = {v: study.train_overrides(v, 2, quick=False) for v in study.VARIANTS}
+  flags = {v: lib.train_overrides(study, v, 2, quick=False) for v in study.variants}
   for variant, given in flags.items():
-    assert f"--config.max_cpu_minutes={study.CPU_MINUTES}" in given
+    assert f"--config.max_cpu_minutes={study.cpu_minutes}" in given
     assert "--config.seed=2" in given and "--config.eval.at_end=False" in given
     assert ("--config.dynamic_sampling=True" in given) == (variant == "pass_at_k_dynamic")
   assert "--config.baseline=loo_demeaned" in flags["biased_pass_at_k"]
@@ -67,9 +72,8 @@ def _fake_run(runs_dir, name, step, record, start=None, eval_record=True):
   files.write_json(os.path.join(run.workdir, "attempts.json"), attempts)
 
 
-def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tmp_path,
-                                                                        monkeypatch):
-  monkeypatch.setattr(study, "EVAL", {**study.EVAL, "ks": (1, 4)})
+def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tmp_path):
+  study = dataclasses.replace(study, evaluation={**study.evaluation, "ks": (1, 4)})
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   start = _record(0, (0.2, 0.5), 0.0)
   # mean: pass@1 up, pass@4 flat; pass@k: pass@4 up on both seeds, pass@1 up less.
@@ -79,16 +83,16 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   _fake_run(runs, "pass_at_k_s1", 31, _record(31, (0.32, 0.66), 1.2))
   variants = ["mean", "pass_at_k"]
   for name in ("mean_s0", "mean_s1", "pass_at_k_s0", "pass_at_k_s1"):
-    assert study.finished_seeds(out, variants, [0, 1, 2]) == (
+    assert lib.finished_seeds(out, variants, [0, 1, 2]) == (
         [0] if name == "pass_at_k_s1" else [])
-    study.publish(runs, out, name)
-  assert study.finished_seeds(out, variants, [0, 1, 2]) == [0, 1]
+    lib.publish(study, runs, out, name)
+  assert lib.finished_seeds(out, variants, [0, 1, 2]) == [0, 1]
   shutil.rmtree(runs)  # the report reads only what was published (a new machine has no runs)
-  table = study.status(out, variants, [0, 1, 2]).splitlines()
+  table = lib.status(study, out, variants, [0, 1, 2]).splitlines()
   assert [line.split(" | ")[0] for line in table[2:]] == [
       "| start", "| mean_s0", "| pass_at_k_s0", "| mean_s1", "| pass_at_k_s1"]
   assert "| mean_s0 | 20 | 11.7 | 0.400 | 0.500 |" in table[3]
-  study.report(out, variants, [0, 1], quick=False, partial=True)
+  lib.report(study, out, variants, [0, 1], quick=False, partial=True)
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
   assert "**Partial:**" in readme
   assert "| mean (RLOO) | 18–20 | 0.420 ± 0.028 | 0.510 ± 0.014 |" in readme
@@ -118,7 +122,7 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   end = json.load(open(os.path.join(out, "mean_s1", "eval_end.json"), encoding="utf-8"))
   assert end["checkpoint"] == os.path.join("<runs_dir>", "mean_s1", "checkpoints", "18")
   # From one seed nothing is called a result.
-  study.report(out, variants, [0], quick=False, partial=True)
+  lib.report(study, out, variants, [0], quick=False, partial=True)
   one = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
   assert {c["verdict"] for c in one["claims"]} == {"one seed: no paired test"}
   assert {c["p_value"] for c in one["claims"]} == {None} and one["power"] is None
@@ -126,11 +130,11 @@ def test_the_report_checks_statements_over_seeds_and_says_when_partial(study, tm
   assert provenance["evaluations"]["mean_s0"] == ["b" * 40]
 
 
-def test_statements_are_paired_by_seed_not_the_unpaired_rule(study, tmp_path, monkeypatch):
+def test_statements_are_paired_by_seed_not_the_unpaired_rule(study, tmp_path):
   """Seeds far apart in level, with the same small gap on each: the paired test finds it, the old
   unpaired rule (difference of seed means over sqrt(var_a/n + var_b/n)) would not. The report's
   p, interval, Holm and power figures are scipy's and statistics.py's on the per-seed values."""
-  monkeypatch.setattr(study, "EVAL", {**study.EVAL, "ks": (1, 4)})
+  study = dataclasses.replace(study, evaluation={**study.evaluation, "ks": (1, 4)})
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   mean, pass_k = [0.30, 0.50, 0.70], [0.35, 0.56, 0.74]
   for seed in range(3):
@@ -138,8 +142,8 @@ def test_statements_are_paired_by_seed_not_the_unpaired_rule(study, tmp_path, mo
               start=_record(0, (0.2, 0.25), 0.0) if seed == 0 else None)
     _fake_run(runs, f"pass_at_k_s{seed}", 20, _record(20, (0.2, pass_k[seed]), 1.0 + seed))
   for name in sorted(os.listdir(runs)):
-    study.publish(runs, out, name)
-  study.report(out, ["mean", "pass_at_k"], [0, 1, 2], quick=False, partial=False)
+    lib.publish(study, runs, out, name)
+  lib.report(study, out, ["mean", "pass_at_k"], [0, 1, 2], quick=False, partial=False)
   summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
   claim = next(c for c in summary["claims"] if c["metric"] == "pass@4")
@@ -154,15 +158,15 @@ def test_statements_are_paired_by_seed_not_the_unpaired_rule(study, tmp_path, mo
   assert "not pre-registered" in claim["verdict"]
   tested = [c["p_value"] for c in summary["claims"] if c["p_value"] is not None]
   assert [c["p_holm"] for c in summary["claims"]] == pytest.approx(
-      list(study.statistics.holm(tested).adjusted))
+      list(statistics.holm(tested).adjusted))
   assert f"| +0.050 | [{low:+.3f}, {high:+.3f}] |" in readme
   assert "reproduces" not in readme and "standard error" not in readme
   # The power figures: at the pass@4 gap's between-seed sd.
   sd = np.std(np.subtract(pass_k, mean), ddof=1)
   assert summary["power"]["sd_of_differences"] == pytest.approx(sd)
   assert summary["power"]["minimum_detectable_effect"] == pytest.approx(
-      study.statistics.minimum_detectable_effect(sd, 3, 0.8, 0.05))
-  assert summary["power"]["seeds_needed"] == study.statistics.seeds_needed(0.06, sd, 0.8, 0.05)
+      statistics.minimum_detectable_effect(sd, 3, 0.8, 0.05))
+  assert summary["power"]["seeds_needed"] == statistics.seeds_needed(0.06, sd, 0.8, 0.05)
   # No KL curve was measured: no statement at a common KL, each run's final KL and pass@4 instead.
   assert not any("KL-efficient" in c["claim"] for c in summary["claims"])
   assert "curves" not in summary and "no KL curve was measured" in readme
@@ -178,17 +182,17 @@ def test_the_committed_report_pairs_by_seed_and_says_what_changed_for_seed_2(stu
   runs' own end records in seed order, its p the paired t-test's; the matched-step single runs'
   gaps recomputed from their records, paired over problems; seed 2's machine, code and start."""
   out = str(tmp_path / "study")
-  shutil.copytree(study.DEFAULT_OUT, out)
-  monkeypatch.setattr(study, "figure", lambda *unused: None)
-  study.report(out, list(study.VARIANTS), list(study.SEEDS), quick=False, partial=False)
+  shutil.copytree(os.path.join(study.root, study.out), out)
+  monkeypatch.setattr(lib, "figure", lambda *unused: None)
+  lib.report(study, out, list(study.variants), list(study.seeds), quick=False, partial=False)
   summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
   readme = open(os.path.join(out, "README.md"), encoding="utf-8").read()
   end = lambda v, s: json.load(open(os.path.join(out, f"{v}_s{s}", "eval_end.json"),
                                     encoding="utf-8"))["metrics"]
   claim = next(c for c in summary["claims"] if c["claim"].startswith(
       "training for pass@k raises pass@4"))
-  assert claim["a_values"] == [end("pass_at_k", s)["pass@4"] for s in study.SEEDS]
-  assert claim["b_values"] == [end("mean", s)["pass@4"] for s in study.SEEDS]
+  assert claim["a_values"] == [end("pass_at_k", s)["pass@4"] for s in study.seeds]
+  assert claim["b_values"] == [end("mean", s)["pass@4"] for s in study.seeds]
   for c in summary["claims"]:
     assert c["p_value"] == pytest.approx(stats.ttest_rel(c["a_values"], c["b_values"]).pvalue)
   assert "consistent in sign, not significant (p = 0.22)" in claim["verdict"]
@@ -227,27 +231,27 @@ def test_published_runs_are_not_run_again_where_the_runs_are_gone(study, tmp_pat
   (committed) runs, training and evaluating only the others; the start is evaluated once."""
   runs, out = str(tmp_path / "runs"), str(tmp_path / "out")
   _fake_run(runs, "mean_s0", 20, _record(20, (0.40, 0.50), 2.0), start=_record(0, (.2, .5), 0.0))
-  study.publish(runs, out, "mean_s0")
+  lib.publish(study, runs, out, "mean_s0")
   shutil.rmtree(runs)
   trained, evaluated = [], []
 
-  def train(name, runs_dir, **unused):
+  def train(root, runs_dir, name, *unused):
     trained.append(name)
     _fake_run(runs_dir, name, 30, _record(30, (0.3, 0.7), 1.0), eval_record=False)
 
-  def evaluate(runs_dir, name, *, include_start, quick):
-    del quick
+  def evaluate(spec, runs_dir, name, *, include_start, quick):
+    del spec, quick
     evaluated.append((name, include_start))
-    results.save_step(study.eval_dir(runs_dir, name), _record(30, (0.3, 0.7), 1.0))
-    files.write_json(os.path.join(study.eval_dir(runs_dir, name), "commits.json"), ["c" * 40])
+    results.save_step(lib.eval_dir(runs_dir, name), _record(30, (0.3, 0.7), 1.0))
+    files.write_json(os.path.join(lib.eval_dir(runs_dir, name), "commits.json"), ["c" * 40])
 
-  monkeypatch.setattr(study.real_model(), "run_config", train)
-  monkeypatch.setattr(study, "evaluate", evaluate)
-  study.run_study(runs, out, ["mean", "pass_at_k"], [0], quick=False)
+  monkeypatch.setattr(rd, "train", train)
+  monkeypatch.setattr(lib, "evaluate", evaluate)
+  lib.run_study(study, runs, out, ["mean", "pass_at_k"], [0], quick=False)
   assert trained == ["pass_at_k_s0"] and evaluated == [("pass_at_k_s0", False)]
-  assert study.published(out, "pass_at_k_s0") and study.finished_seeds(out, ["mean",
+  assert lib.published(out, "pass_at_k_s0") and lib.finished_seeds(out, ["mean",
                                                                             "pass_at_k"], [0])
-  study.run_study(runs, out, ["mean", "pass_at_k"], [0], quick=False)  # nothing left to run
+  lib.run_study(study, runs, out, ["mean", "pass_at_k"], [0], quick=False)  # nothing left to run
   assert trained == ["pass_at_k_s0"]
 
 
@@ -257,19 +261,19 @@ def test_pruning_keeps_only_the_last_checkpoint(study, tmp_path):
     os.makedirs(os.path.join(run.step_dir(step), "state"))
   os.makedirs(run.start_dir)
   assert checkpoints.steps(run) == [2, 10, 14]
-  study.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")
+  rd.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")
   assert checkpoints.steps(run) == [14]
   assert os.path.isdir(run.start_dir)  # the start policy stays: it is evaluated as step 0
-  study.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")  # nothing more to prune
+  rd.prune_checkpoints(str(tmp_path / "runs"), "mean_s0")  # nothing more to prune
   assert checkpoints.steps(run) == [14]
 
 
 def test_uncommitted_code_is_refused_before_any_run(study, tmp_path, monkeypatch):
-  monkeypatch.setattr(study.real_model(), "_dirty", lambda: True)
+  monkeypatch.setattr(rd, "dirty", lambda root: True)
   monkeypatch.setattr(sys, "argv", ["real_model_study.py", f"--runs_dir={tmp_path / 'runs'}",
                                     f"--out={tmp_path / 'out'}"])
   with pytest.raises(SystemExit, match="uncommitted changes"):
-    study.main()
+    lib.main(study, "", sys.argv[1:])
   assert not os.path.exists(tmp_path / "runs")
 
 

@@ -1,6 +1,7 @@
 """ksjax/studies/carry_runs.py (a study's --carry in the published-run layout, on the decisive
-study's declaration): an unfinished run's evaluation records carried to the next machine and taken back only where the run, trained again there, is the same run (machine, commit,
-step log, every evaluated checkpoint's training state); the state digest on real checkpoints."""
+study's declaration): an unfinished run's evaluation records carried to the next machine and
+taken back only where the run, trained again there, is the same run (machine, commit, step log,
+every evaluated checkpoint's training state); the state digest on real checkpoints."""
 
 import json
 import os
