@@ -88,37 +88,53 @@ def collect(study, out: str, runs: Sequence[Run]) -> dict[str, Any]:
     for name, series in curve["metrics"].items():
       values.setdefault(name, []).append(series[-1])
     values.setdefault("kl", []).append(curve["kl"][-1])
-    # Runs published before marks carried the machine: the study's own (one machine then).
-    machines.setdefault(run.key, []).append(store.read_mark(out, run.name).get(
-        "machine", provenance.get("machine")))
+    # Every machine the run touched where its mark lists them (a run resumed elsewhere); else
+    # its one machine; runs published before marks carried the machine: the study's own.
+    mark = store.read_mark(out, run.name)
+    machines.setdefault(run.key, []).append(
+        mark.get("machines") or mark.get("machine", provenance.get("machine")))
     seeds.setdefault(run.key, []).append(run.seed)
   if start is None:  # no shared start: the first run's own step 0 stands for it
     start = study.work.records(out, runs[0].name)[0]
   return {"start": start, "curves": curves, "final": final, "machines": machines, "seeds": seeds}
 
 
+def _machines(entry) -> set:
+  """A run's machines: every machine it touched (a list), its one machine (a string), or none
+  recorded (None)."""
+  if entry is None:
+    return set()
+  return set(entry) if isinstance(entry, (list, tuple)) else {entry}
+
+
 def paired_seeds(data: Mapping[str, Any], a: str, b: str, seeds: Sequence[int]
                  ) -> tuple[list[int], dict[int, str]]:
-  """The seeds both arm keys ran on one machine, and {seed: why} for those left out."""
+  """The seeds both arm keys ran on one and the same machine, every machine each run touched
+  included, and {seed: why} for those left out."""
   where = {arm: dict(zip(data["seeds"][arm], data["machines"][arm])) for arm in (a, b)}
+  named = lambda m: "; ".join(sorted(m)) if isinstance(m, (list, tuple)) else m
   used, left_out = [], {}
   for seed in seeds:
     if seed not in where[a] or seed not in where[b]:
       left_out[seed] = "not run by both arms"
-    elif where[a][seed] != where[b][seed] or where[a][seed] is None:
-      left_out[seed] = f"{a} ran on {where[a][seed]}, {b} on {where[b][seed]}"
+    elif (len(_machines(where[a][seed]) | _machines(where[b][seed])) != 1
+          or not _machines(where[a][seed]) or not _machines(where[b][seed])):
+      left_out[seed] = (f"{a} ran on {named(where[a][seed])}, "
+                        f"{b} on {named(where[b][seed])}")
     else:
       used.append(seed)
   return used, left_out
 
 
-def statement_values(prereg, data: Mapping[str, Any], prefix: str = ""
+def statement_values(prereg, data: Mapping[str, Any], prefix: str = "", kl_match: str = "all"
                      ) -> tuple[dict[str, tuple[list[float], list[float]]], dict[str, dict]]:
   """({statement id: (a's values, b's values)} over its paired seeds in order, {id: left out}).
 
   "last": the metric at the last checkpoint (every arm runs the same steps: matched steps).
-  "kl": the metric at the held-out KL to the start that every paired run of both arms reaches
-  (the smallest of their final KLs), read off each run's measured curve by interpolating."""
+  "kl": the metric at a held-out KL to the start, read off each run's measured curve by
+  interpolating: with kl_match "all" the KL every paired run of both arms reaches (the smallest
+  of their final KLs), one for every seed; with "seed" the KL both runs of each seed reach (the
+  smaller of the two final KLs), so a seed whose runs both move far is compared far out."""
   out, left = {}, {}
   for statement in prereg.statements:
     a, b = (f"{prefix}{arm}" for arm in (statement.a, statement.b))
@@ -135,8 +151,11 @@ def statement_values(prereg, data: Mapping[str, Any], prefix: str = ""
                                 for arm in (a, b))
     else:
       runs = {arm: [data["curves"][arm][i] for i in index[arm]] for arm in (a, b)}
-      target = min(c["kl"][-1] for arm in runs.values() for c in arm)
+      if kl_match == "seed":
+        targets = [min(ca["kl"][-1], cb["kl"][-1]) for ca, cb in zip(runs[a], runs[b])]
+      else:
+        targets = [min(c["kl"][-1] for arm in runs.values() for c in arm)] * len(seeds)
       out[statement.id] = tuple(
-          [at_kl(c["kl"], c["metrics"][statement.metric], target) for c in runs[arm]]
+          [at_kl(c["kl"], c["metrics"][statement.metric], t) for c, t in zip(runs[arm], targets)]
           for arm in (a, b))
   return out, left

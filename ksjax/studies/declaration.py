@@ -92,6 +92,9 @@ class Study:
   prefix: str = ""  # before every run and arm key ("pg_": the trade-off study's algorithm)
   statement_fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   workers: int = 2
+  # A statement "at matched KL": "all", at the KL every paired run reaches; "seed", at the KL
+  # both runs of each seed reach (analysis.statement_values).
+  kl_match: str = "all"
 
   def path(self, relative: str) -> str:
     return relative if os.path.isabs(relative) else os.path.join(self.root, relative)
@@ -128,6 +131,9 @@ def check(study: Study, prereg) -> None:
   if extra:
     raise StudyError(f"study {study.name}: arms {extra} are not in the registration "
                      f"{study.registration}; expected arms from {sorted(prereg.arms)}")
+  if study.kl_match not in ("all", "seed"):
+    raise StudyError(f"study {study.name}: kl_match={study.kl_match!r}; expected 'all' (the KL "
+                     "every paired run reaches) or 'seed' (the KL both runs of each seed reach)")
   for arm, overrides in study.arms.items():
     if not isinstance(overrides, Mapping):
       raise StudyError(f"study {study.name}: arm {arm!r} is {overrides!r}; expected a mapping of "

@@ -776,7 +776,12 @@ def arguments(spec: Spec, doc: str, argv=None) -> argparse.Namespace:
 
 
 def main(spec: Spec, doc: str, argv=None) -> None:
-  """The study's command: run what is missing, seed by seed, then report."""
+  """The study's command: run what is missing, seed by seed, then report. A registration or a
+  record that cannot be read is one line and exit status 1."""
+  rd.in_one_line(spec.name, _main, spec, doc, argv)
+
+
+def _main(spec: Spec, doc: str, argv=None) -> None:
   args = arguments(spec, doc, argv)
   variants = args.variants.split(",")
   bad = [v for v in variants if v not in spec.variants]

@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ksjax import machine
 from ksjax.studies import declaration as declaration_lib
 from ksjax.studies import store
 
 KILL_ENV = "KSJAX_STUDY_KILL"
+TOUCHED = "machines.json"  # in a run's directory: every machine that worked on it, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,19 @@ def maybe_stop(phase: str, when: Callable[[], bool] | None = None) -> None:
   threading.Thread(target=watch, daemon=True).start()
 
 
+def touch(run_dir: str) -> list[str]:
+  """Adds this machine to the run's TOUCHED list (a run resumed on another machine has both) and
+  returns the list: the run's mark names every machine, and a seed pairs only runs that touched
+  one and the same (analysis.paired_seeds)."""
+  path = os.path.join(run_dir, TOUCHED)
+  touched = store.read_json(path, [])
+  if machine.describe() not in touched:
+    touched = [*touched, machine.describe()]
+    os.makedirs(run_dir, exist_ok=True)
+    store.write_json(path, touched)
+  return touched
+
+
 def prepare_job(declaration: str, out: str, shortened: int | None = None) -> None:
   """Makes the start every run shares, where the work has one, and marks it done (`shortened`:
   a few steps of it, for the budget)."""
@@ -82,6 +97,7 @@ def run_job(declaration: str, out: str, arm: str, seed: int, shortened: int | No
   if shortened:
     overrides = study.work.shortened(overrides, shortened)
   context = RunContext(out, run.name, arm, seed, overrides)
+  touched = touch(context.dir)
   cpu, started = store.cpu_seconds(), time.time()
   maybe_stop("train", lambda: study.work.progress(context.dir)[0])
   study.work.train(context)
@@ -90,7 +106,8 @@ def run_job(declaration: str, out: str, arm: str, seed: int, shortened: int | No
   study.work.evaluate(context)
   done = time.time()
   maybe_stop("publish")
-  store.publish(out, run.name, {**store.here(study.root), "arm": arm, "seed": seed,
+  store.publish(out, run.name, {**store.here(study.root), "machines": touched,
+                                "arm": arm, "seed": seed,
                                 "cpu_seconds": store.cpu_seconds() - cpu,
                                 "train_seconds": trained - started, "eval_seconds": done - trained})
   return run.name

@@ -99,6 +99,15 @@ class Design:
 def design(spec: Spec, prereg: preregistration.Preregistration, quick: bool = False) -> Design:
   """The study's design from its registration; checks what the library relies on (a bad one is a
   SystemExit naming the field)."""
+  try:
+    return _design(spec, prereg, quick)
+  except (KeyError, IndexError, TypeError, ValueError) as e:
+    raise SystemExit(f"{spec.name}: {spec.registration}: design {type(e).__name__} {e}; expected "
+                     "config, steps, checkpoint_steps, cpu_minutes, cpu_step_ceiling, "
+                     "test_per_level, eval and ladder") from None
+
+
+def _design(spec: Spec, prereg: preregistration.Preregistration, quick: bool) -> Design:
   raw = dict(prereg.design)
   if quick:
     raw.update(spec.quick, config=rd.QUICK_CONFIG)
@@ -775,7 +784,12 @@ def _carry(spec: Spec, args, runs_dir: str, out: str) -> None:
 
 
 def main(spec: Spec, doc: str, argv=None) -> None:
-  """The study's command: run what is missing, seed by seed, then report."""
+  """The study's command: run what is missing, seed by seed, then report. A registration or a
+  record that cannot be read is one line and exit status 1."""
+  rd.in_one_line(spec.name, _main, spec, doc, argv)
+
+
+def _main(spec: Spec, doc: str, argv=None) -> None:
   args = arguments(spec, doc, argv)
   prereg = spec.load_registration()
   d = design(spec, prereg, args.quick)

