@@ -90,16 +90,15 @@ def collect(study, out: str, runs: Sequence[Run]) -> dict[str, Any]:
     values.setdefault("kl", []).append(curve["kl"][-1])
     # Every machine the run touched where its mark lists them (a run resumed elsewhere); else
     # its one machine; runs published before marks carried the machine: the study's own.
-    mark = store.read_mark(out, run.name)
     machines.setdefault(run.key, []).append(
-        mark.get("machines") or mark.get("machine", provenance.get("machine")))
+        mark_machines(store.read_mark(out, run.name), provenance.get("machine")))
     seeds.setdefault(run.key, []).append(run.seed)
   if start is None:  # no shared start: the first run's own step 0 stands for it
     start = study.work.records(out, runs[0].name)[0]
   return {"start": start, "curves": curves, "final": final, "machines": machines, "seeds": seeds}
 
 
-def _machines(entry) -> set:
+def machines_of(entry) -> set:
   """A run's machines: every machine it touched (a list), its one machine (a string), or none
   recorded (None)."""
   if entry is None:
@@ -107,20 +106,36 @@ def _machines(entry) -> set:
   return set(entry) if isinstance(entry, (list, tuple)) else {entry}
 
 
+def mark_machines(mark: Mapping[str, Any], default: str | None = None):
+  """What a run's mark says of its machines: every one it touched and the one that published it
+  where it lists them, else the one that published it (`default` for marks from before marks
+  named it)."""
+  if not mark.get("machines"):
+    return mark.get("machine", default)
+  return sorted(set(mark["machines"]) | ({mark["machine"]} if mark.get("machine") else set()))
+
+
+def one_machine(a, b) -> bool:
+  """Whether two runs (their machines, as `machines_of` reads them) touched one and the same
+  machine and no other."""
+  return bool(machines_of(a)) and machines_of(a) == machines_of(b) and len(machines_of(a)) == 1
+
+
+def named(entry) -> str:
+  return "; ".join(sorted(entry)) if isinstance(entry, (list, tuple)) else str(entry)
+
+
 def paired_seeds(data: Mapping[str, Any], a: str, b: str, seeds: Sequence[int]
                  ) -> tuple[list[int], dict[int, str]]:
   """The seeds both arm keys ran on one and the same machine, every machine each run touched
   included, and {seed: why} for those left out."""
   where = {arm: dict(zip(data["seeds"][arm], data["machines"][arm])) for arm in (a, b)}
-  named = lambda m: "; ".join(sorted(m)) if isinstance(m, (list, tuple)) else m
   used, left_out = [], {}
   for seed in seeds:
     if seed not in where[a] or seed not in where[b]:
       left_out[seed] = "not run by both arms"
-    elif (len(_machines(where[a][seed]) | _machines(where[b][seed])) != 1
-          or not _machines(where[a][seed]) or not _machines(where[b][seed])):
-      left_out[seed] = (f"{a} ran on {named(where[a][seed])}, "
-                        f"{b} on {named(where[b][seed])}")
+    elif not one_machine(where[a][seed], where[b][seed]):
+      left_out[seed] = f"{a} ran on {named(where[a][seed])}, {b} on {named(where[b][seed])}"
     else:
       used.append(seed)
   return used, left_out

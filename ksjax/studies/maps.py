@@ -29,6 +29,7 @@ import numpy as np
 
 from ksjax import files
 from ksjax.evaluation import statistics
+from ksjax.studies import analysis
 from ksjax.studies import store
 
 REPORT_FILES = ("summary.json", "gaps_heatmap.png", "factors.png", "along_training.png",
@@ -37,15 +38,16 @@ KL = "kl"  # the gap in the KL to the start, beside the cell's metrics
 
 
 def paired_seeds(out: str, names: Mapping[int, tuple[str, str]]) -> tuple[list[int], dict]:
-  """The seeds whose two runs ({seed: (a's run, b's run)}) are published from one machine, and
-  {seed: why} for the others."""
+  """The seeds whose two runs ({seed: (a's run, b's run)}) touched one and the same machine (every
+  machine each run's mark lists), and {seed: why} for the others."""
   used, left = [], {}
   for seed, (a, b) in names.items():
     marks = [store.read_mark(out, n) for n in (a, b)]
+    where = [analysis.mark_machines(m) for m in marks]
     if not all(marks):
       left[seed] = "not published"
-    elif marks[0].get("machine") != marks[1].get("machine") or not marks[0].get("machine"):
-      left[seed] = f"{a} on {marks[0].get('machine')}, {b} on {marks[1].get('machine')}"
+    elif not analysis.one_machine(*where):
+      left[seed] = f"{a} on {analysis.named(where[0])}, {b} on {analysis.named(where[1])}"
     else:
       used.append(seed)
   return used, left

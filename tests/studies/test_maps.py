@@ -149,6 +149,11 @@ def test_a_cell_pairs_a_seed_only_within_a_machine(toy, tmp_path):
   mark.write_text(json.dumps({**json.loads(mark.read_text()), "machine": "another CPU"}))
   s = maps.cell_summary(m, m.cells[0], str(copy))
   assert s["seeds"] == [0, 2] and "another CPU" in s["left_out"]["1"] and not s["finished"]
+  # Published from its pair's machine, but resumed there from another: left out too.
+  original = json.loads((out / "runs" / "k4__mean_s1" / store.MARK).read_text())
+  mark.write_text(json.dumps({**original, "machines": ["another CPU", original["machine"]]}))
+  s = maps.cell_summary(m, m.cells[0], str(copy))
+  assert s["seeds"] == [0, 2] and "another CPU" in s["left_out"]["1"]
 
 
 def test_a_map_with_a_bad_cell_is_one_error(toy):
