@@ -42,6 +42,8 @@ included, is donated, so that cache exists once; the prompt cache is an argument
 
 Randomness: row r has key fold_in(key(seed), r) and draws step i with fold_in(that key, i). A row's
 samples depend on (seed, r, its prompt) only, not on the batch padding, the bucket or the mesh.
+`sample(..., keys_from=)` gives each prompt's rows the keys of another call's rows instead
+(`row_keys`), so one call can draw what several would have.
 
 Sharding: rows over ("data", "fsdp"), kv heads over "tensor" (`sharding.cache_sharding`), fixed by
 the programs' out_shardings (the prompt cache's prompts too where the batch shards divide P',
@@ -290,7 +292,9 @@ def prompt_shardings(mesh: Mesh, prompts: int) -> PromptCache:
 def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Shapes):
   """The jitted (prefill, decode) pair for one model structure, config, mesh and shape bucket.
 
-  prefill(params, tokens_pt, mask_pt, num_rows, seed) -> (PromptCache, DecodeState after token 0);
+  prefill(params, tokens_pt, mask_pt, num_rows, seed, index_b=None) -> (PromptCache, DecodeState
+  after token 0), row b drawing with the key fold_in(key(seed), b), or with per-row arrays seed
+  uint32 [B] and index_b int32 [B] fold_in(key(seed[b]), index_b[b]) (`row_keys`);
   decode(params, prompt, state, stop_at) -> DecodeState when every row is done, or as soon as at
   most `stop_at` rows are still running (int32; -1: only when every row is done). State donated.
   """
@@ -298,7 +302,7 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
   prompts = shapes.prompt_rows if cfg.prefill_once else shapes.rows
   out_shardings = (prompt_shardings(mesh, prompts), state_shardings(mesh))
 
-  def prefill(params, tokens_pt, mask_pt, num_rows, seed):
+  def prefill(params, tokens_pt, mask_pt, num_rows, seed, index_b=None):
     llama = nnx.merge(graphdef, params)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # activation shardings
       logits_bv, prompt, cache, kv_mask_bs, position_b = prefill_logits(
@@ -312,7 +316,9 @@ def programs(graphdef: nnx.GraphDef, cfg: SamplerConfig, mesh: Mesh, shapes: Sha
         logprobs_bn=jnp.zeros((b, n_new), jnp.float32),
         lengths_b=jnp.zeros((b,), jnp.int32), finished_b=jnp.zeros((b,), bool),
         done_b=row_b >= num_rows,
-        keys_b=jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), row_b),
+        keys_b=(jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), row_b)
+                if index_b is None else
+                jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seed, index_b)),
         step=jnp.int32(0))
     return prompt, sample_and_record(ds, logits_bv, cfg)
 
@@ -529,13 +535,41 @@ def weights_first(params: nnx.State, cfg: LlamaConfig) -> dict:
   return _transpose_program(cfg)(params)
 
 
+def row_keys(num_prompts: int, num_samples: int, rows: int, seed: int,
+             keys_from: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+  """(seed_b uint32 [rows], index_b int32 [rows]) of the prefill's per-row keys: sample s of
+  prompt p takes fold_in(key(keys_from[p][0]), keys_from[p][1] + s), so that one call draws
+  exactly what several calls would have drawn (the evaluation merges its chunks, each with its
+  own seed, into one call: `ksjax.evaluation.batched`); padding rows b take (seed, b).
+  (seed, p * num_samples) for every p is what a call without `keys_from` draws."""
+  if len(keys_from) != num_prompts:
+    raise ValueError(f"keys_from has {len(keys_from)} entries for {num_prompts} prompts; "
+                     "expected one (seed, first row) pair per prompt")
+  seed_b = np.full(rows, seed, np.uint32)
+  index_b = np.arange(rows, dtype=np.int32)
+  for p, (s, first) in enumerate(keys_from):
+    if not (_is_seed(s) and isinstance(first, (int, np.integer)) and not isinstance(first, bool)
+            and 0 <= first <= 2**31 - 1 - num_samples):
+      raise ValueError(f"keys_from[{p}]={(s, first)!r} is not accepted; expected (seed in "
+                       "[0, 2**32), first row in [0, 2**31 - num_samples))")
+    seed_b[p * num_samples:(p + 1) * num_samples] = s
+    index_b[p * num_samples:(p + 1) * num_samples] = first + np.arange(num_samples)
+  return seed_b, index_b
+
+
+def _is_seed(seed) -> bool:
+  return not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32
+
+
 def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
-           num_samples: int = 1, seed: int = 0, mesh: Mesh | None = None) -> SampleOutput:
-  """`generate` with the settings as a SamplerConfig (see `generate`)."""
+           num_samples: int = 1, seed: int = 0, mesh: Mesh | None = None,
+           keys_from: Sequence[tuple[int, int]] | None = None) -> SampleOutput:
+  """`generate` with the settings as a SamplerConfig (see `generate`). `keys_from`: per prompt,
+  the (seed, row) its samples' keys start from (`row_keys`); None: `seed` and the call's rows."""
   if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or (
       num_samples < 1):
     raise ValueError(f"num_samples={num_samples!r} is not accepted; expected an integer >= 1")
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+  if not _is_seed(seed):
     raise ValueError(f"seed={seed!r} is not accepted; expected an integer in [0, 2**32)")
   model_cfg = llama.cfg
   for name, token in cfg.token_ids_used():
@@ -561,7 +595,9 @@ def sample(llama: Llama, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *
   rows = batch.num_prompts * num_samples
   if weights_first_applies(cfg, mesh, shapes.rows):
     decode = functools.partial(decode, weights_t=weights_first(params, model_cfg))
-  prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), np.uint32(seed))
+  keys = ((np.uint32(seed),) if keys_from is None else
+          row_keys(batch.num_prompts, int(num_samples), shapes.rows, seed, keys_from))
+  prompt, ds = prefill(params, tokens_pt, mask_pt, np.int32(rows), *keys)
   floor = max(cfg.compact_rows, batch_shards)
   if cfg.compact_rows and jax.process_count() == 1 and shapes.rows // 2 >= floor:
     out = decode_compacting(decode, compact_program(mesh), params, prompt, ds, floor=floor,
