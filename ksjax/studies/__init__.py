@@ -12,6 +12,13 @@ registered run is missing) and writes the tables, figures and README (`report.py
 them: the budget from shortened runs (`budget.py`) and the carry of unpublished runs' records to
 the next machine (`carry.py`). docs/usage.md, "Studies", shows the commands.
 
+Two real-model studies predate the run store, and their committed records are in the layout they
+were made in: runs trained and evaluated by subprocesses in a runs directory and published to
+`<out>/<run>/` (`runs_dir.py`). Their declarations use adapters of the same ideas for that layout:
+`registered.py` (a registered study with matched-steps and CPU-budget arms and two evaluations
+per run: experiments/decisive_study.py; its carry and budget: `carry_runs.py`, `budget_runs.py`)
+and `equal_cpu.py` (an unregistered study at one CPU budget: experiments/real_model_study.py).
+
 Nothing below this package imports it: it sits above the trainer and the eval binary.
 """
 
