@@ -52,6 +52,7 @@ sys.path.insert(0, REPO)
 from experiments import real_model
 from ksjax import files
 from ksjax.run.directory import RunDirectory
+from ksjax.studies import runs_dir as runs_dir_lib
 from ksjax.trainer import metrics
 # pylint: enable=wrong-import-position
 
@@ -155,7 +156,7 @@ def collect(runs_dir: str, out: str, attempts: dict[str, list[dict]], *,
   summary = {name: summarize(name, runs_dir) for name in RUNS}
   differences = dynamic_minus_static(runs_dir)
   commits = sorted({a["commit"] for runs in attempts.values() for a in runs})
-  collected_at = real_model._commit()  # pylint: disable=protected-access
+  collected_at = runs_dir_lib.commit(real_model.REPO)
   os.makedirs(out, exist_ok=True)
   for name in RUNS:
     real_model.publish_run(runs_dir, name, out)
@@ -194,10 +195,10 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   budget, steps = (QUICK_CPU_MINUTES, QUICK_STEPS) if args.quick else (MAX_CPU_MINUTES, NUM_STEPS)
   dirty = "the checkout has uncommitted changes to tracked files; commit them first: the results "
-  if not args.quick and real_model._dirty():  # pylint: disable=protected-access
+  if not args.quick and runs_dir_lib.dirty(real_model.REPO):
     raise SystemExit(dirty + "must name the code that made them")
   attempts = run_all(args.runs_dir, max_cpu_minutes=budget, num_steps=steps, quick=args.quick)
-  if not args.quick and real_model._dirty():  # pylint: disable=protected-access
+  if not args.quick and runs_dir_lib.dirty(real_model.REPO):
     raise SystemExit(dirty + "would not match the commit the runs recorded")
   collect(args.runs_dir, args.out, attempts, max_cpu_minutes=budget, num_steps=steps,
           quick=args.quick)

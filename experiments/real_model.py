@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
@@ -33,6 +32,7 @@ from ksjax import files  # pylint: disable=wrong-import-position
 from ksjax import machine  # pylint: disable=wrong-import-position
 from ksjax.objectives import estimates  # pylint: disable=wrong-import-position
 from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
+from ksjax.studies import runs_dir as runs_dir_lib  # pylint: disable=wrong-import-position
 from ksjax.trainer import metrics  # pylint: disable=wrong-import-position
 
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "real_model")
@@ -96,42 +96,8 @@ def run_config(name: str, runs_dir: str, *, config: str | None = None,
   Another study names its run `name` and gives the config file (`config`) and `--config.x=v`
   flags (`overrides`) that make it; `held_out=False` when they turn the trainer's held-out
   evaluation off (the run has ended once its final policy is saved)."""
-  run = RunDirectory(os.path.join(runs_dir, name))
-  path = _attempts_path(run)
-  attempts = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
-  if _finished(run, held_out):
-    return attempts
-  command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{config or name}.py",
-             f"--config.workdir={run.workdir}", "--config.progress_bar=False", *overrides]
-  if run.has_checkpoints():
-    command.append("--config.resume=True")
-  print(" ".join(command[1:]), flush=True)
-  child = machine.run_child(command, cwd=REPO)
-  attempts.append({"wall_seconds": round(child.wall_seconds, 1),
-                   "peak_rss_bytes": child.peak_rss_bytes,
-                   "resumed": "--config.resume=True" in command,
-                   "exit_status": child.exit_status, "commit": _commit(),
-                   "machine": machine.describe()})
-  os.makedirs(run.workdir, exist_ok=True)
-  files.write_json(path, attempts)
-  if attempts[-1]["exit_status"] != 0:
-    raise SystemExit(f"{run.workdir} (configs/{config or name}.py) stopped with status "
-                     f"{attempts[-1]['exit_status']}; run the same command again to resume it")
-  return attempts
-
-
-def _commit() -> str:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
-def _dirty() -> bool:
-  out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                       capture_output=True, text=True, check=False).stdout
-  return bool(out.strip())
+  return runs_dir_lib.train(REPO, runs_dir, name, config or name, overrides,
+                            finished=lambda run: _finished(run, held_out))
 
 
 def per_problem_pass_at_k(held_out_json: str, ks) -> dict[int, np.ndarray]:
@@ -182,7 +148,7 @@ def collect(names: list[str], runs_dir: str, out: str) -> None:
            "then this directory). Each table is the run's own `eval_table.txt`: the held-out "
            "evaluation of the start policy and of the final one, on the same test problems and "
            "seed.", ""]
-  provenance = {"commit": _commit(), "uncommitted_changes": _dirty(), "runs": {}}
+  provenance = {"commit": runs_dir_lib.commit(REPO), "uncommitted_changes": runs_dir_lib.dirty(REPO), "runs": {}}
   for name in names:
     run = RunDirectory(os.path.join(runs_dir, name))
     if not _finished(run):

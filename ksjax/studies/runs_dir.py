@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ksjax import files
@@ -71,16 +71,16 @@ def dirty(root: str) -> bool:
   return bool(out.strip())
 
 
-def train(root: str, runs_dir: str, name: str, config: str, overrides: Iterable[str]
-          ) -> list[dict]:
+def train(root: str, runs_dir: str, name: str, config: str, overrides: Iterable[str], *,
+          finished: Callable[[RunDirectory], bool] | None = None) -> list[dict]:
   """Trains (or resumes) configs/<config>.py with `overrides` (`--config.x=v` flags) in
-  <runs_dir>/<name> until its final policy is saved; returns its attempts, each appended to
-  `attempts.json` (wall time, peak memory, exit status, commit, machine). A failed attempt is a
-  SystemExit after it is recorded: the same command resumes it."""
+  <runs_dir>/<name> until it has `finished` (by default: its final policy is saved); returns its
+  attempts, each appended to `attempts.json` (wall time, peak memory, exit status, commit,
+  machine). A failed attempt is a SystemExit after it is recorded: the same command resumes it."""
   run = RunDirectory(os.path.join(runs_dir, name))
   path = os.path.join(run.workdir, "attempts.json")
   attempts = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else []
-  if os.path.isdir(run.final_dir):
+  if (finished or (lambda r: os.path.isdir(r.final_dir)))(run):
     return attempts
   command = [sys.executable, "-m", "ksjax.main", f"--config=configs/{config}.py",
              f"--config.workdir={run.workdir}", "--config.progress_bar=False", *overrides]

@@ -63,7 +63,7 @@ def test_the_table_has_each_runs_gain_per_cpu_minute(study, tmp_path):
 
 
 def test_uncommitted_code_is_refused_before_any_run(study, monkeypatch, tmp_path):
-  monkeypatch.setattr(study.real_model, "_dirty", lambda: True)
+  monkeypatch.setattr(study.runs_dir_lib, "dirty", lambda root: True)
   monkeypatch.setattr(study.real_model, "run_config",
                       lambda *a, **k: pytest.fail("a run started from uncommitted code"))
   with pytest.raises(SystemExit, match="uncommitted changes"):
