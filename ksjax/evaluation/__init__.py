@@ -10,6 +10,7 @@ with how diverse each problem's final answers are (`ksjax.run.scoring`, with the
 Files, one concept each: settings.py (the eval config's fields, declared once, and their
 validation), results.py (a checkpoint's record, summaries and averages, atomic JSON/CSV files),
 plots.py (the figures), runner.py (the binary's job: checkpoints -> samples -> scores -> files;
-watch mode). The checkpoints themselves
+watch mode), batched.py (its throughput: chunks merged into large sampler calls, the KL's
+reference forward over each completion's length). The checkpoints themselves
 are read through `ksjax.run.checkpoints`.
 """

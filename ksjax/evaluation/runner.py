@@ -5,9 +5,11 @@ the checkpoint directory and the steps it names, the task split, and every selec
 checkpoint's parameter shapes against the model the run's config describes. Only then does it
 create the output directory (`<run dir>/eval/<split>_n<n>_t<T>_p<p>` unless config.output_dir
 says otherwise) and evaluate, one checkpoint at a time: restore the parameters onto the mesh,
-sample n completions per problem with the run layer's evaluation loop
-(`ksjax.run.scoring.evaluate`: `ksjax.sampling.generate`, then `Task.score`, as the trainer's
-own held-out evaluation), estimate pass@k, maj@k and the mean reward
+sample n completions per problem with the draws of the run layer's evaluation loop
+(`ksjax.run.scoring.evaluate`: `ksjax.sampling.generate` per chunk of batch_prompts problems,
+then `Task.score`, as the trainer's own held-out evaluation), its chunks merged into large
+sampler calls and the KL's reference forward run over each completion's length (`batched`),
+estimate pass@k, maj@k and the mean reward
 (`ksjax.objectives.estimates`), and write the step's record, the summaries and
 the figures (results.py, plots.py). A checkpoint already evaluated with the same sampling
 settings is read back instead of evaluated again (its pass@k, maj@k and diversity recomputed from
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -57,7 +60,7 @@ from flax import nnx
 
 from ksjax import distributed, errors, files, machine, model, stopping
 from ksjax.config_validation import ConfigError
-from ksjax.evaluation import plots, results
+from ksjax.evaluation import batched, plots, results
 from ksjax.evaluation import settings as settings_lib
 from ksjax.evaluation.settings import Settings
 from ksjax.model import gguf_io, logprobs, lora
@@ -160,11 +163,15 @@ class Evaluator:
   cfg: model.LlamaConfig
   mesh: jax.sharding.Mesh
   output_dir: str
-  # `fn(tokens_rt, mask_rt, prompt_len) -> logp_rn` of config.kl_reference: the completions'
-  # log-probs (None: no KL).
-  reference_logprobs: Callable[[Any, Any, int], jax.Array] | None = None
+  # config.kl_reference's policy (None: no KL).
+  reference: model.Llama | None = None
   # Under LoRA (config.run.lora), the run's frozen base with its adapters (`lora_base`).
   base: LoraBase | None = None
+  # Sampler rows per call, the chunks of batch_prompts problems merged into calls with their
+  # own draws (`batched`), at most config.batch_rows; None: `batched.call_rows`. 0: one call per
+  # chunk and the KL chunk by chunk over the full max_new_tokens, the path before
+  # (benchmarks/eval_throughput.py compares the two).
+  call_rows: int | None = None
 
   def __post_init__(self):
     self.graphdef, self.target = checkpoints.abstract_policy(
@@ -173,6 +180,11 @@ class Evaluator:
     self.records: dict[int, dict] = {
         r["step"]: r for r in results.load_records(self.output_dir, self.settings.sampling())}
     self.sampled = 0  # checkpoints sampled by this process (the first one compiles)
+    # `fn(tokens_rt, mask_rt, prompt_len) -> logp_rn`: the reference's log-probs of the
+    # completions, for `kl` (the per-chunk path).
+    self.reference_logprobs = None if self.reference is None else (
+        logprobs.sharded_continuation_logprobs(self.reference, self.mesh,
+                                               self.settings.kl_samples))
 
   def check(self, step: int) -> None:
     checkpoints.check_shapes(self.run, step, self.target, _describe(self.cfg, self.base),
@@ -209,9 +221,17 @@ class Evaluator:
       return self.records[step]
     s = self.settings
     loaded = time.perf_counter()
-    out = scoring.evaluate(policy, self.task, self.prompts, s.draw(), seed=s.seed,
-                           batch_prompts=s.batch_prompts, mesh=self.mesh,
-                           measure=None if self.reference_logprobs is None else self.kl)
+    rows = batched.call_rows(s.batch_rows) if self.call_rows is None else self.call_rows
+    if rows:
+      out = batched.evaluate(
+          policy, self.task, self.prompts, s.draw(), seed=s.seed, batch_prompts=s.batch_prompts,
+          mesh=self.mesh, call_rows=rows,
+          measure=None if self.reference is None else functools.partial(
+              batched.kl, self.reference, self.mesh, self.prompts, kl_samples=s.kl_samples))
+    else:
+      out = scoring.evaluate(policy, self.task, self.prompts, s.draw(), seed=s.seed,
+                             batch_prompts=s.batch_prompts, mesh=self.mesh,
+                             measure=None if self.reference is None else self.kl)
     seconds = time.perf_counter() - loaded
     del policy
     record = results.step_record(
@@ -232,7 +252,8 @@ class Evaluator:
     return record
 
   def kl(self, scored: scoring.Scored) -> dict[str, np.ndarray]:
-    """Per problem, the mean over its first kl_samples completions of KL(policy || reference)
+    """Per problem of one chunk (the per-chunk path, call_rows 0; `batched.kl` is the other),
+    the mean over its first kl_samples completions of KL(policy || reference)
     (`scoring.kl_per_completion`): log pi from the sampler (temperature 1, untruncated, so the
     policy's own), log pi_ref from one forward of the reference over prompt and completion."""
     s = self.settings
@@ -292,14 +313,14 @@ def open_evaluator(s: Settings, run_dir: RunDirectory, task: Task,
   base = lora_base(s, task.tokenizer.vocab_size, mesh)
   gguf_io.forget_parsed()  # the task's tokenizer and a LoRA base are read: no more reads
   return Evaluator(s, run_dir, task, prompts, cfg, mesh, output_dir,
-                   reference_logprobs=reference_logprobs(s, run_dir, cfg, mesh, base), base=base)
+                   reference=reference_policy(s, run_dir, cfg, mesh, base), base=base)
 
 
-def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfig,
-                       mesh: jax.sharding.Mesh, base: LoraBase | None = None
-                       ) -> Callable[[Any, Any], jax.Array] | None:
-  """The jitted log-prob function of config.kl_reference, computing as the policy does (its
-  matmul_dtype), or None when no KL is asked for. A reference that is missing, unreadable or of
+def reference_policy(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfig,
+                     mesh: jax.sharding.Mesh, base: LoraBase | None = None
+                     ) -> model.Llama | None:
+  """The policy of config.kl_reference, computing as the policy does (its matmul_dtype), or
+  None when no KL is asked for. A reference that is missing, unreadable or of
   another shape than the run's model is a CheckpointInputError (nothing written yet). Under LoRA
   an adapter checkpoint (the run's start/) is read onto the run's base (`load_policy`)."""
   if s.kl_reference is None:
@@ -310,8 +331,7 @@ def reference_logprobs(s: Settings, run_dir: RunDirectory, cfg: model.LlamaConfi
   path = run_dir.start_dir if s.kl_reference == "start" else s.kl_reference
   what = (f"config.kl_reference={s.kl_reference!r}"
           + (f" (the run's start policy, {path})" if s.kl_reference == "start" else ""))
-  reference = load_policy(path, what, cfg, mesh, base)
-  return logprobs.sharded_continuation_logprobs(reference, mesh, s.kl_samples)
+  return load_policy(path, what, cfg, mesh, base)
 
 
 def load_policy(path: str, what: str, cfg: model.LlamaConfig, mesh: jax.sharding.Mesh,
