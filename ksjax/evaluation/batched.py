@@ -57,11 +57,13 @@ CALL_ROWS = 512
 
 
 def call_rows(batch_rows: int | None) -> int:
-  """The evaluation's sampler rows per call: CALL_ROWS on a CPU, within config.batch_rows; 1
-  elsewhere (one chunk a call, as batch_prompts sizes it: merging was measured on CPUs only, and
-  an accelerator's memory for a large model's KV cache is what batch_prompts was chosen for)."""
+  """The evaluation's sampler rows per call (`runner.Evaluator.call_rows`): CALL_ROWS on a CPU,
+  within config.batch_rows; 0 elsewhere, the per-chunk path: this one was measured on CPUs only,
+  an accelerator's memory for a large model's KV cache is what batch_prompts was chosen for, and
+  the KL's calls here hold every layer's cache of their rows where the per-chunk forward holds
+  one layer's at a time."""
   if jax.default_backend() != "cpu":
-    return 1
+    return 0
   return CALL_ROWS if batch_rows is None else min(CALL_ROWS, batch_rows)
 # The KL's reference forward: rows per call, prompts per group (their KV cache is held while
 # their rows run), and the steps the completions' widths and the prompts' length are rounded up

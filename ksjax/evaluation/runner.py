@@ -168,9 +168,9 @@ class Evaluator:
   # Under LoRA (config.run.lora), the run's frozen base with its adapters (`lora_base`).
   base: LoraBase | None = None
   # Sampler rows per call, the chunks of batch_prompts problems merged into calls with their
-  # own draws (`batched`), at most config.batch_rows; None: `batched.call_rows`. 0: one call per
-  # chunk and the KL chunk by chunk over the full max_new_tokens, the path before
-  # (benchmarks/eval_throughput.py compares the two).
+  # own draws (`batched`), at most config.batch_rows; None: `batched.call_rows` (512 on a CPU,
+  # else 0). 0: one call per chunk and the KL chunk by chunk over the full max_new_tokens, the
+  # path before (benchmarks/eval_throughput.py compares the two).
   call_rows: int | None = None
 
   def __post_init__(self):

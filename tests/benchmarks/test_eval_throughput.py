@@ -1,15 +1,17 @@
 """benchmarks/eval_throughput.py at a toy size: the embedded task's tiny model (configs/eval.py's
 default run, float32 products), both designs and both paths, one checkpoint each: it reports a
-figure per design and path with the CPU, and finds the two paths' records equal. About 15 s,
-most of it compiling both paths' programs."""
+figure per design and path with the CPU, and finds the two paths' records equal. 15-30 s, most
+of it compiling both paths' programs, so it is marked slow."""
 
 import os
 
+import pytest
 from tests import support
 
 SCRIPT = os.path.join(str(support.REPO), "benchmarks", "eval_throughput.py")
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_at_a_toy_size(capsys):
   bench = support.load_module(SCRIPT, "ksjax_benchmarks_eval_throughput")
   bench.main(["--train_config=", "--max_new_tokens=6", "--eval_problems=3",
