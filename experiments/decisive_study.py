@@ -45,13 +45,7 @@ STUDY = registered.Spec(
     command="python experiments/decisive_study.py",
     # The only trainer fields an arm sets: everything else is the base config's or the study's.
     objective_fields=("aggregator", "baseline"),
-    # --quick: the tiny model on the embedded task, every size scaled down.
-    quick={"task": "synthetic", "steps": 3, "checkpoint_steps": [1, 2, 3], "cpu_minutes": 0.002,
-           "cpu_step_ceiling": 2, "test_per_level": 2,
-           "eval": {"num_samples": 4, "ks": [1, 2, 4], "batch_prompts": 2, "seed": 0,
-                    "kl_samples": 2},
-           "ladder": {"test_per_level": 1, "num_samples": 8, "ks": [1, 2, 4, 8],
-                      "batch_prompts": 2, "seed": 0}})
+    quick=registered.QUICK)  # --quick: the tiny model on the embedded task
 
 if __name__ == "__main__":
   registered.main(STUDY, __doc__, sys.argv[1:])

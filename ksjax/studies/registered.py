@@ -54,6 +54,15 @@ STOPS = ("steps", "cpu")
 EVALUATIONS = ("eval", "ladder")
 
 
+# --quick's design: the tiny model on the embedded task, every size scaled down (never a verdict).
+QUICK = {"task": "synthetic", "steps": 3, "checkpoint_steps": [1, 2, 3], "cpu_minutes": 0.002,
+         "cpu_step_ceiling": 2, "test_per_level": 2,
+         "eval": {"num_samples": 4, "ks": [1, 2, 4], "batch_prompts": 2, "seed": 0,
+                  "kl_samples": 2},
+         "ladder": {"test_per_level": 1, "num_samples": 8, "ks": [1, 2, 4, 8],
+                    "batch_prompts": 2, "seed": 0}}
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """What a declaration states; the registration's design states the rest."""
@@ -173,6 +182,12 @@ def train_overrides(d: Design, arm: str, seed: int) -> tuple[str, ...]:
             "eval.at_start": False, "eval.at_end": False}
   return (*rd.flags(d.arms[arm]["objective"].items()),
           *rd.flags(shared.items()))
+
+
+def shared_fields_text(d: Design) -> str:
+  """The registration's run_fields as the report's setup names them ("" when there are none)."""
+  fields = [(k, v) for k, v in d.run_fields if (k, v) not in rd.QUICK_FIELDS]
+  return "; every run: " + ", ".join(f"{k}={v}" for k, v in fields) if fields else ""
 
 
 def eval_dir(runs_dir: str, name: str, which: str) -> str:
@@ -650,12 +665,16 @@ def report(spec: Spec, d: Design, prereg, out: str, arms, seeds, *, interim: boo
     lines.append("")
   lines += [
       "## Setup", "",
-      f"`configs/{d.config}.py`, every arm setting only its objective ({objectives}). "
+      f"`configs/{d.config}.py`, every arm setting only its objective ({objectives})"
+      f"{shared_fields_text(d)}. "
       f"Matched-steps arms: {d.steps} steps, evaluated at steps "
-      f"{', '.join(map(str, d.checkpoint_steps))}; equal-CPU arms: "
-      f"{d.cpu_minutes:g} CPU-minutes of training, evaluated at their last step. Held out: "
-      f"{d.test_per_level} test problems per level (none trained on), each with "
-      f"{d.evaluation['num_samples']} samples at temperature 1 (pass@k for k = "
+      f"{', '.join(map(str, d.checkpoint_steps))}"
+      + (f"; equal-CPU arms: {d.cpu_minutes:g} CPU-minutes of training, evaluated at their last "
+         "step" if any(a["stop"] == "cpu" for a in d.arms.values()) else "") +
+      f". Held out: {d.test_per_level} test problems per level (none trained on), "
+      + (f"the first {d.evaluation['test_per_level']} of each level evaluated at every "
+         "checkpoint, " if "test_per_level" in d.evaluation else "each ") +
+      f"with {d.evaluation['num_samples']} samples at temperature 1 (pass@k for k = "
       f"{', '.join(map(str, d.evaluation['ks']))}; KL(policy || start), k3 per completion, on "
       f"{d.evaluation['kl_samples']} samples per problem); the ladder: the first "
       f"{d.ladder['test_per_level']} of each level with {d.ladder['num_samples']} samples, at "

@@ -108,3 +108,17 @@ def test_a_design_that_would_evaluate_training_problems_or_set_an_arms_field_is_
     tmp_path, changes, expected):
   with pytest.raises(SystemExit, match=expected):
     _design_with(tmp_path, **changes)
+
+
+def test_the_confirmatory_studys_draft_is_a_design_the_library_runs():
+  """The draft (experiments/preregistration/drafts/) reads as a design: k = 8 from n = 16 in
+  every run, the eval on a subset at each checkpoint, the ladder on every held-out problem."""
+  study = _declared("confirmatory_study")
+  study = dataclasses.replace(study, registration=os.path.join(
+      "experiments", "preregistration", "drafts", "smollm2_confirmatory.json"))
+  d = registered.design(study, study.load_registration())
+  assert dict(d.run_fields)["k"] == 8 and dict(d.run_fields)["n"] >= 8
+  assert d.steps >= 60 and d.ladder["test_per_level"] == d.test_per_level
+  assert dict(registered.eval_settings(d, "eval")[1])["reasoning_gym.test_per_level"] < (
+      d.test_per_level)
+  assert max(d.ladder["ks"]) == d.ladder["num_samples"]
