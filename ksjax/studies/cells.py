@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import json
 import os
 import shutil
 import sys
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ksjax import files
 from ksjax.config_validation import ConfigError
 from ksjax.evaluation import preregistration
 from ksjax.studies import cli
@@ -121,9 +123,21 @@ def pairs(m: Map) -> list[tuple[Cell, int]]:
   return [(c, s) for c in m.cells for s in m.seeds]
 
 
-def _copy_run(source: str, target: str, keep: Sequence[str] = ()) -> None:
+OUT_PLACEHOLDER = "<out>"
+
+
+def _copy_naming_no_path(path: str, to: str, out: str) -> None:
+  """A JSON record with the runner's output directory (absolute: the eval binary records the
+  checkpoint it read and the KL reference) written as OUT_PLACEHOLDER, so that a mirrored record
+  names no path of the machine that made it."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  files.write_text(to, text.replace(json.dumps(os.path.abspath(out))[1:-1], OUT_PLACEHOLDER))
+
+
+def _copy_run(source: str, target: str, keep: Sequence[str] = (), out: str = "") -> None:
   """A run directory's files but NOT_MIRRORED (less `keep`) at its top, the mark last (so a
-  copy cut short is not published)."""
+  copy cut short is not published); JSON records name `out` as OUT_PLACEHOLDER."""
   mark = None
   for dirpath, dirnames, filenames in os.walk(source):
     if dirpath == source:
@@ -139,6 +153,8 @@ def _copy_run(source: str, target: str, keep: Sequence[str] = ()) -> None:
         with open(path, "rb") as f, open(to + ".gz", "wb") as raw, gzip.GzipFile(
             fileobj=raw, mode="wb", filename="", mtime=0) as packed:
           shutil.copyfileobj(f, packed)
+      elif name.endswith(".json") and out:
+        _copy_naming_no_path(path, to, out)
       else:
         shutil.copy2(path, to)
   if mark:
@@ -153,7 +169,7 @@ def mirror(out: str, into: str, names: Sequence[str]) -> list[str]:
     if store.is_published(out, name) and not store.is_published(into, name):
       shutil.rmtree(store.run_dir(into, name), ignore_errors=True)
       _copy_run(store.run_dir(out, name), store.run_dir(into, name),
-                keep=("start",) if name == store.START else ())
+                keep=("start",) if name == store.START else (), out=out)
       written.append(store.run_dir(into, name))
   for name in ("provenance.json", "timing.json"):
     if os.path.exists(os.path.join(out, name)):

@@ -225,3 +225,20 @@ def test_a_refused_commit_is_said_and_made_with_the_next_run(tmp_path, capsys):
   cells._mirror_and_commit(m, str(out), str(into), names, True)  # pylint: disable=protected-access
   assert _git(repo, "log", "--format=%s").startswith("toy (#65): a_s0, b_s0 published at cccccc")
   assert "results/runs/a_s0/config.json" in _git(repo, "ls-tree", "-r", "--name-only", "HEAD")
+
+
+def test_a_mirrored_record_names_no_path_of_the_runner(tmp_path):
+  """The eval binary records the checkpoint it read, absolute; the mirror writes the runner's
+  output directory as a placeholder, and copies every other byte as it is."""
+  out, into = tmp_path / "clone" / "results", tmp_path / "main" / "results"
+  run = out / "runs" / "k4__mean_s0"
+  (run / "eval" / "test").mkdir(parents=True)
+  record = {"step": 250, "checkpoint": str(run / "checkpoints" / "250"), "metrics": {"pass@1": 0.5}}
+  (run / "eval" / "test" / "step_00000250.json").write_text(json.dumps(record))
+  (run / store.MARK).write_text(json.dumps({"machine": "a CPU"}))
+  cells.mirror(str(out), str(into), ["k4__mean_s0"])
+  mirrored = (into / "runs" / "k4__mean_s0" / "eval" / "test" / "step_00000250.json").read_text()
+  assert str(tmp_path) not in mirrored
+  assert json.loads(mirrored) == {**record, "checkpoint": os.path.join(
+      cells.OUT_PLACEHOLDER, "runs", "k4__mean_s0", "checkpoints", "250")}
+  assert store.is_published(str(into), "k4__mean_s0")
