@@ -67,10 +67,22 @@ def parser(study) -> argparse.ArgumentParser:
   p.add_argument("--carry_dir", help="where carried records go (default: <out>_carried)")
   p.add_argument("--allow_dirty", action="store_true",
                  help="run from a tree with uncommitted changes (provenance says so)")
-  for name, kind in (("slurm_partition", str), ("slurm_constraint", str), ("timeout_min", int),
-                     ("cpus_per_task", int), ("mem_gb", int)):
-    p.add_argument(f"--{name}", type=kind, help="submitit/SLURM job parameter")
+  add_cluster_arguments(p)
   return p
+
+
+CLUSTER_ARGUMENTS = (("slurm_partition", str), ("slurm_constraint", str), ("timeout_min", int),
+                     ("cpus_per_task", int), ("mem_gb", int))
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+  for name, kind in CLUSTER_ARGUMENTS:
+    p.add_argument(f"--{name}", type=kind, help="submitit/SLURM job parameter")
+
+
+def cluster_args(args: argparse.Namespace) -> dict:
+  """The submitit parameters the command line gives."""
+  return {k: getattr(args, k) for k, _ in CLUSTER_ARGUMENTS if getattr(args, k) is not None}
 
 
 def status(out: str, runs) -> str:
@@ -122,8 +134,7 @@ def run_study(study, declaration: str, args, out: str, prereg, arms, seeds) -> N
   os.makedirs(os.path.join(out, "runs"), exist_ok=True)
   # Cluster jobs run elsewhere: this host is not their machine (each run's mark names its own).
   store.record_provenance(out, study.root, None if args.engine == "slurm" else "here")
-  cluster = {k: getattr(args, k) for k in ("slurm_partition", "slurm_constraint", "timeout_min",
-                                           "cpus_per_task", "mem_gb") if getattr(args, k) is not None}
+  cluster = cluster_args(args)
   folder = os.path.join(out, "logs", "submitit")
   if start:
     _say("start: making the start every run shares")

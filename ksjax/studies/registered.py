@@ -47,6 +47,8 @@ from ksjax.evaluation import preregistration
 from ksjax.evaluation import results
 from ksjax.evaluation import statistics
 from ksjax.studies import analysis
+from ksjax.studies import cli
+from ksjax.studies import engines
 from ksjax.studies import runs_dir as rd
 from ksjax.trainer import metrics
 
@@ -289,33 +291,49 @@ def seed_machines(out: str, d: Design, seed: int) -> set[str]:
   return found
 
 
-def run_study(spec: Spec, d: Design, runs_dir: str, out: str, arms, seeds) -> None:
+def run_study(spec: Spec, d: Design, runs_dir: str, out: str, arms, seeds, *,
+              engine: str | None = None, workers: int = 1,
+              cluster_args: Mapping[str, Any] | None = None) -> None:
   """Phases 1 and 2: each run trained (or resumed, or skipped), evaluated, published, pruned. A
-  published run is not run again, even where `runs_dir` is gone."""
+  published run is not run again, even where `runs_dir` is gone. Without an `engine`, one run
+  after another in this process; with one, every run missing is a job of `engines.run` (a local
+  pool of `workers` processes, or SLURM through submitit), each job `run_one`."""
+  todo = [(arm, seed) for arm, seed in runs_of(d, arms, seeds)
+          if not published(out, rd.run_name(arm, seed))]
+  if engine is None:
+    for arm, seed in todo:
+      run_one(spec, d, runs_dir, out, arm, seed)
+    return
+  engines.run(engine, [(run_one, (spec, d, runs_dir, out, arm, seed)) for arm, seed in todo],
+              lambda name: print(f"published {name}", flush=True), workers=workers,
+              folder=os.path.join(runs_dir, "submitit"), cluster_args=dict(cluster_args or {}))
+
+
+def run_one(spec: Spec, d: Design, runs_dir: str, out: str, arm: str, seed: int) -> str:
+  """One run trained (or resumed), evaluated at the checkpoints without a record, published and
+  pruned; its name. A job of any engine: its records are the same whichever ran it."""
   here = machine.describe()
-  for arm, seed in runs_of(d, arms, seeds):
-    name = rd.run_name(arm, seed)
-    if published(out, name):
-      continue
-    elsewhere = seed_machines(out, d, seed) - {here}
-    if elsewhere:
-      print(f"warning: seed {seed}'s published runs ran on {sorted(elsewhere)}, this one runs on "
-            f"{here!r}: the report leaves seed {seed} out of every statement that pairs {name} "
-            "with them", flush=True)
-    rd.train(spec.root, runs_dir, name, d.config, train_overrides(d, arm, seed))
-    last = rd.last_step(runs_dir, name)
-    if d.arms[arm]["stop"] == "steps" and last != d.steps:
-      raise SystemExit(f"{spec.name}: {name} ended at step {last}, not {d.steps}")
-    for which, steps in needed(d, arm, last).items():
-      have = records(eval_dir(runs_dir, name, which))
-      start = not os.path.isfile(start_path(out, which)) and 0 not in have
-      # Only the checkpoints without a record: an evaluation stopped part-way (a session's end)
-      # keeps the checkpoints it finished, each sampled with the same seed as in one call.
-      missing = [step for step in steps if step not in have]
-      if start or missing:
-        evaluate(spec, d, runs_dir, name, which, missing or steps, include_start=start)
-    publish(spec, d, runs_dir, out, name, arm, seed)
-    rd.prune_checkpoints(runs_dir, name)
+  name = rd.run_name(arm, seed)
+  elsewhere = seed_machines(out, d, seed) - {here}
+  if elsewhere:
+    print(f"warning: seed {seed}'s published runs ran on {sorted(elsewhere)}, this one runs on "
+          f"{here!r}: the report leaves seed {seed} out of every statement that pairs {name} "
+          "with them", flush=True)
+  rd.train(spec.root, runs_dir, name, d.config, train_overrides(d, arm, seed))
+  last = rd.last_step(runs_dir, name)
+  if d.arms[arm]["stop"] == "steps" and last != d.steps:
+    raise SystemExit(f"{spec.name}: {name} ended at step {last}, not {d.steps}")
+  for which, steps in needed(d, arm, last).items():
+    have = records(eval_dir(runs_dir, name, which))
+    start = not os.path.isfile(start_path(out, which)) and 0 not in have
+    # Only the checkpoints without a record: an evaluation stopped part-way (a session's end)
+    # keeps the checkpoints it finished, each sampled with the same seed as in one call.
+    missing = [step for step in steps if step not in have]
+    if start or missing:
+      evaluate(spec, d, runs_dir, name, which, missing or steps, include_start=start)
+  publish(spec, d, runs_dir, out, name, arm, seed)
+  rd.prune_checkpoints(runs_dir, name)
+  return name
 
 
 def finished_seeds(d: Design, out: str, arms, seeds) -> list[int]:
@@ -791,6 +809,13 @@ def arguments(spec: Spec, doc: str, argv=None) -> argparse.Namespace:
   parser.add_argument("--budget", type=int, metavar="STEPS",
                       help="measure STEPS-step runs of the matched-steps arms (--arms) and print "
                       "the projected CPU-hours (budget_runs.py); runs nothing else")
+  parser.add_argument("--engine", choices=engines.ENGINES,
+                      help="run the missing runs as jobs: 'local' a pool of --workers processes "
+                      "on this machine, 'slurm' SLURM jobs through submitit (--slurm_partition, "
+                      "--timeout_min, ...), 'submitit-local'/'submitit-debug' submitit without a "
+                      "cluster; default: one run after another in this process")
+  parser.add_argument("--workers", type=int, default=1)
+  cli.add_cluster_arguments(parser)
   parser.add_argument("--budget_eval_per_level", type=int, default=4)
   parser.add_argument("--budget_ladder_per_level", type=int, default=1)
   return parser.parse_args(argv)
@@ -868,6 +893,7 @@ def _main(spec: Spec, doc: str, argv=None) -> None:
       raise SystemExit(f"{spec.name}: {spec.registration} is not committed as it stands at "
                        "HEAD; commit the registration before the first run")
   started = time.time()
-  run_study(spec, d, runs_dir, out, arms, seeds)
+  run_study(spec, d, runs_dir, out, arms, seeds, engine=args.engine, workers=args.workers,
+            cluster_args=cli.cluster_args(args))
   report(spec, d, prereg, out, arms, seeds, interim=False, departures=departures)
   print(f"study done ({(time.time() - started) / 60:.1f} min in this invocation)", flush=True)

@@ -122,3 +122,23 @@ def test_the_confirmatory_studys_draft_is_a_design_the_library_runs():
   assert dict(registered.eval_settings(d, "eval")[1])["reasoning_gym.test_per_level"] < (
       d.test_per_level)
   assert max(d.ladder["ks"]) == d.ladder["num_samples"]
+
+
+def test_a_registered_studys_run_has_the_same_records_whichever_engine_ran_it(tmp_path):
+  """One --quick run made in this process and the same run made as a submitit job (its debug
+  mode: submitit's code path without a cluster) publish the same records."""
+  study = _declared("confirmatory_study")
+  study = dataclasses.replace(study, registration=os.path.join(
+      "experiments", "preregistration", "drafts", "smollm2_confirmatory.json"))
+  d = registered.design(study, study.load_registration(), quick=True)
+  published = {}
+  for engine in (None, "submitit-debug"):
+    out, runs = tmp_path / f"out_{engine}", tmp_path / f"runs_{engine}"
+    registered.run_study(study, d, str(runs), str(out), ["pass_at_k"], [0], engine=engine)
+    assert registered.published(str(out), "pass_at_k_s0")
+    published[engine] = {
+        which: {step: {k: r[k] for k in ("step", "checkpoint", "metrics", "groups", "problems")}
+                for step, r in registered.records(str(out / "pass_at_k_s0" / which)).items()}
+        for which in registered.EVALUATIONS}
+  assert published[None] == published["submitit-debug"]
+  assert sorted(published[None]["eval"]) == [1, 2, 3] and sorted(published[None]["ladder"]) == [3]
