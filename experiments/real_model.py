@@ -29,7 +29,6 @@ sys.path.insert(0, REPO)
 import numpy as np  # pylint: disable=wrong-import-position
 
 from ksjax import files  # pylint: disable=wrong-import-position
-from ksjax import machine  # pylint: disable=wrong-import-position
 from ksjax.objectives import estimates  # pylint: disable=wrong-import-position
 from ksjax.run.directory import RunDirectory  # pylint: disable=wrong-import-position
 from ksjax.studies import runs_dir as runs_dir_lib  # pylint: disable=wrong-import-position
@@ -44,31 +43,10 @@ def _copied(run: RunDirectory) -> list[str]:
           run.metrics_jsonl, run.config_json]
 
 
-def _published_path(path: str, placeholder: str) -> str:
-  """`path` as the published files name it: a file of an installed package as
-  <site-packages>/<package>/<file> (wherever the environment lies); else relative to the
-  repository when inside it; else `placeholder`/<its name>."""
-  path = os.path.abspath(path)
-  parts = path.split(os.sep)
-  if "site-packages" in parts:
-    return os.path.join("<site-packages>", *parts[parts.index("site-packages") + 1:])
-  relative = os.path.relpath(path, REPO)
-  return relative if not relative.startswith(os.pardir) else os.path.join(
-      placeholder, os.path.basename(path))
-
-
 def publishable_config(config_path: str, runs_dir: str, name: str) -> None:
-  """Rewrites a copied config.json so that it names no path of the machine that ran it (the
-  trainer records its work directory and starting point absolute)."""
-  with open(config_path, encoding="utf-8") as f:
-    config = json.load(f)
-  workdir = os.path.relpath(os.path.join(runs_dir, name), REPO)
-  config["workdir"] = (os.path.join("<runs_dir>", name) if workdir.startswith(os.pardir)
-                       else workdir)
-  for field in ("init_hf", "init_checkpoint", "init_gguf"):
-    if isinstance(config.get(field), str) and os.path.isabs(config[field]):
-      config[field] = _published_path(config[field], f"<{field}>")
-  files.write_json(config_path, config, sort_keys=True)
+  """A copied config.json rewritten to name no path of the machine that ran it
+  (`ksjax.studies.runs_dir.publishable_config`, relative to this repository)."""
+  runs_dir_lib.publishable_config(REPO, config_path, runs_dir, name)
 
 
 def publish_run(runs_dir: str, name: str, out: str) -> RunDirectory:
