@@ -10,10 +10,9 @@ same random draws (see "Records" below), at a fraction of the CPU time
   (`scoring.evaluate`; the registered designs fix batch_prompts, 8 x 16 and 2 x 64 rows). Here
   consecutive chunks go into one sampler call of up to `call_rows` rows, each row keeping the
   key its chunk's own call would have given it (`sampling.sampler.row_keys`), so the uniforms
-  drawn are the same ones; only the matmuls' batch size changes. Why: on the AVX-512 EPYC, a
-  decode step of SmolLM2 cost 0.85 ms a row at 512 rows against 1.12 at 128, and a call's tail,
-  the rows still running after the others stopped, runs at 128 rows instead of 32, where a row
-  costs 1.16 ms against 1.8 (a probe of `decode_compacting`'s calls, docs/benchmarks.md).
+  drawn are the same ones; only the matmuls' batch size changes. Why: a decode step costs less
+  per row in a larger call, and a call's tail, the rows still running after the others stopped,
+  is larger too (the figures: docs/benchmarks.md, "Evaluation throughput").
 * The KL's reference forward over lengths. `runner.Evaluator.kl` ran the reference over every
   row at the full max_new_tokens (80 for SmolLM2's evaluation), while the completions are 34
   tokens long on average: most of the forward was padding. Here the problems' prompts go through
@@ -50,9 +49,9 @@ from ksjax.sampling import batching, sampler
 from ksjax.sampling.config import SamplerConfig
 from ksjax.tasks.base import Prompt, Task
 
-# Sampler rows per call on a CPU: 512 decoded at 0.68x the CPU time a row of 128-row calls took,
-# and 1024 rows hold about 4 GiB of KV cache at SmolLM2's 80 tokens (a shared 2-CPU machine's
-# memory is the limit there). The record's batch_prompts still decides every draw.
+# Sampler rows per call on a CPU: larger calls decode a row for less CPU time, and twice as many
+# rows hold a KV cache that a shared 2-CPU machine's memory no longer fits (docs/benchmarks.md,
+# "Evaluation throughput"). The record's batch_prompts still decides every draw.
 CALL_ROWS = 512
 
 
@@ -67,9 +66,9 @@ def call_rows(batch_rows: int | None) -> int:
   return CALL_ROWS if batch_rows is None else min(CALL_ROWS, batch_rows)
 # The KL's reference forward: rows per call, prompts per group (their KV cache is held while
 # their rows run), and the steps the completions' widths and the prompts' length are rounded up
-# to. On the AVX-512 EPYC, at SmolLM2's 32 x 16 samples of 52 tokens on average: 64 rows a call
-# and prompts rounded to 16 (80 columns) took 36.7 CPU-s where 128 rows and the sampler's
-# power-of-two prompt bucket (128) took 50.9, and the per-chunk path 51.1.
+# to: chosen by measurement at SmolLM2's evaluation shape against 128 rows, the sampler's
+# power-of-two prompt bucket and the per-chunk path (docs/benchmarks.md, "Evaluation
+# throughput").
 KL_ROWS = 64
 KL_PROMPTS = 64
 WIDTH_STEP = 16
